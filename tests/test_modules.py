@@ -1,0 +1,113 @@
+"""nn modules: shapes, initial values, gradients reach every parameter, bad input."""
+import math
+
+import pytest
+import torch
+
+from yolo_bimamba.nn import BiMamba2, BiMambaLayer2D, C2fBiMamba, RMSNormGated
+from yolo_bimamba.nn.bimamba2 import A_LOG_MAX
+
+
+def test_bimamba2_shapes_and_param_layout():
+    m = BiMamba2(64, d_state=16, d_conv=7, expand=2, headdim=32, ngroups=2)
+    d_inner, nheads, gn = 128, 4, 2 * 16
+    assert m.in_proj.weight.shape == (2 * d_inner + 2 * gn + nheads, 64)
+    assert m.conv1d.weight.shape == (d_inner + 2 * gn, 1, 7)
+    assert m.out_proj.weight.shape == (64, d_inner)
+    assert m.dt_bias.shape == m.A_log.shape == m.D.shape == (nheads,)
+    y = m(torch.randn(3, 29, 64))
+    assert y.shape == (3, 29, 64) and torch.isfinite(y).all()
+
+
+def test_bimamba2_init_values():
+    torch.manual_seed(1)
+    m = BiMamba2(256, headdim=32, dt_min=0.001, dt_max=0.1, A_init_range=(1, 16))
+    dt = torch.nn.functional.softplus(m.dt_bias.detach())
+    assert dt.min() >= 0.001 - 1e-6 and dt.max() <= 0.1 + 1e-6
+    A = torch.exp(m.A_log.detach())
+    assert A.min() >= 1 and A.max() <= 16
+    assert torch.equal(m.D.detach(), torch.ones_like(m.D))
+    assert torch.equal(m.norm.weight.detach(), torch.ones_like(m.norm.weight))
+    assert all(getattr(p, "_no_weight_decay", False) for p in (m.dt_bias, m.A_log, m.D))
+
+
+def test_every_parameter_gets_a_gradient():
+    for mod, x in (
+        (BiMamba2(32, d_state=16, headdim=16), torch.randn(2, 11, 32)),
+        (C2fBiMamba(16, 32, n=2, scan="rowcol", mlp_ratio=2.0), torch.randn(2, 16, 5, 7)),
+    ):
+        mod(x).square().mean().backward()
+        dead = [n for n, p in mod.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+        assert not dead, dead
+        assert all(p.grad.abs().sum() > 0 for n, p in mod.named_parameters() if "D" != n.split(".")[-1]), "zero grads"
+
+
+def test_bidirectional_context():
+    """The first token's output must depend on the last token (and vice versa)."""
+    m = BiMamba2(32, d_state=16, headdim=16).double()
+    x = torch.randn(1, 40, 32, dtype=torch.float64, requires_grad=True)
+    y = m(x)
+    (g_first,) = torch.autograd.grad(y[0, 0].sum(), x, retain_graph=True)
+    (g_last,) = torch.autograd.grad(y[0, -1].sum(), x)
+    assert g_first[0, -1].abs().sum() > 0 and g_last[0, 0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("scan", ["row", "rowcol"])
+def test_layer2d_shape_and_scan_orders_differ(scan):
+    torch.manual_seed(0)
+    layer = BiMambaLayer2D(32, scan=scan)
+    x = torch.randn(2, 32, 6, 9)
+    assert layer(x).shape == x.shape
+    if scan == "rowcol":
+        row = BiMambaLayer2D(32, scan="row")
+        row.load_state_dict(layer.state_dict())
+        assert not torch.allclose(row(x), layer(x))
+
+
+def test_c2f_block_channels():
+    blk = C2fBiMamba(48, 96, n=3, shortcut=True, e=0.5)
+    assert blk.c == 48 and len(blk.m) == 3
+    assert blk(torch.randn(1, 48, 8, 8)).shape == (1, 96, 8, 8)
+
+
+def test_A_is_clamped_so_decays_stay_finite():
+    m = BiMamba2(32, d_state=16, headdim=16)
+    with torch.no_grad():
+        m.A_log.fill_(1e4)  # exp would overflow to inf without the clamp
+    y = m(torch.randn(1, 20, 32))
+    assert torch.isfinite(y).all()
+    assert A_LOG_MAX == pytest.approx(math.log(1e3))
+
+
+def test_rmsnorm_gated_modes():
+    x, z = torch.randn(4, 8), torch.randn(4, 8)
+    after = RMSNormGated(8, norm_before_gate=False)(x, z)
+    before = RMSNormGated(8, norm_before_gate=True)(x, z)
+    g = x * torch.nn.functional.silu(z)
+    assert torch.allclose(after, g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + 1e-5), atol=1e-6)
+    assert torch.allclose(before, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * torch.nn.functional.silu(z), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(d_model=30, headdim=16), "divisible by headdim"),
+        (dict(d_model=32, headdim=16, ngroups=3), "ngroups"),
+        (dict(d_model=32, headdim=16, d_conv=4), "odd"),
+        (dict(d_model=32, headdim=16, learnable_init_states=True), "learnable_init_states"),
+        (dict(d_model=32, headdim=16, activation="relu"), "activation"),
+        (dict(d_model=32, headdim=16, A_init_range=(0, 4)), "A_init_range"),
+    ],
+)
+def test_bad_constructor_args(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BiMamba2(**kwargs)
+
+
+def test_bad_forward_input():
+    with pytest.raises(ValueError, match=r"\(batch, seqlen, 32\)"):
+        BiMamba2(32, headdim=16)(torch.randn(2, 5, 31))
+    with pytest.raises(ValueError, match=r"\(N, 16, H, W\)"):
+        BiMambaLayer2D(16)(torch.randn(2, 15, 4, 4))
+    with pytest.raises(ValueError, match="scan"):
+        BiMambaLayer2D(16, scan="diag")
