@@ -1,0 +1,234 @@
+"""End-to-end training benchmark on a CUDA GPU (issue 6).
+
+Measures, for yolov8n/s and yolov8n/s-bimamba at imgsz 640, batch 32:
+  1. the model step alone (forward + loss + backward + clip + optimizer step on a fixed GPU batch),
+     median over repeats, images/s and peak memory, in fp32 / bf16 / fp16 AMP, with our Triton
+     kernels and with the PyTorch op;
+  2. the real `yolo train` loop throughput (epochs after the first, RAM-cached synthetic 640 px
+     data) - with --loop;
+  3. params, GFLOPs and ONNX CPU latency per image (onnxruntime) - with --onnx.
+Writes benchmarks/results/train-<gpu>.json (or --out) and prints a markdown table.
+
+    python benchmarks/bench_train.py [--loop] [--onnx] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("YOLO_OFFLINE", "1")
+os.environ.setdefault("YOLO_AUTOINSTALL", "0")
+
+import torch  # noqa: E402
+
+import yolo_bimamba  # noqa: E402,F401  (registers the blocks)
+from yolo_bimamba.nn import BiMamba2  # noqa: E402
+
+MODELS = ["yolov8n.yaml", "yolov8n-bimamba.yaml", "yolov8s.yaml", "yolov8s-bimamba.yaml"]
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def set_backend(model: torch.nn.Module, backend: str) -> int:
+    n = 0
+    for m in model.modules():
+        if isinstance(m, BiMamba2):
+            m.backend = backend
+            n += 1
+    return n
+
+
+def make_batch(bs: int, imgsz: int, device, nc: int = 80, boxes_per_img: int = 8, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    n = bs * boxes_per_img
+    xy = torch.rand(n, 2, generator=g) * 0.8 + 0.1
+    wh = torch.rand(n, 2, generator=g) * 0.15 + 0.03
+    return {
+        "img": torch.rand(bs, 3, imgsz, imgsz, generator=g).to(device),
+        "batch_idx": torch.arange(bs).repeat_interleave(boxes_per_img).float().to(device),
+        "cls": torch.randint(0, nc, (n, 1), generator=g).float().to(device),
+        "bboxes": torch.cat([xy, wh], 1).to(device),
+    }
+
+
+def model_step_bench(yaml: str, precision: str, backend: str, bs: int, imgsz: int, steps: int, warmup: int) -> dict:
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import DetectionModel
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    model = DetectionModel(yaml, nc=80, verbose=False).to(dev).train()
+    model.args = get_cfg()
+    nmix = set_backend(model, backend)
+    if backend == "triton" and nmix == 0:
+        return {}
+    dtype = PRECISIONS[precision]
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.937, nesterov=True)
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype is torch.float16)
+    batch = make_batch(bs, imgsz, dev)
+    times = []
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = model(batch)[0].sum()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+        if not torch.isfinite(loss):
+            raise RuntimeError(f"non-finite loss in {yaml} {precision} {backend}")
+    ms = statistics.median(times) * 1e3
+    return {
+        "model": yaml, "precision": precision, "backend": backend, "batch": bs, "imgsz": imgsz,
+        "step_ms_median": round(ms, 2), "images_per_s": round(bs / ms * 1e3, 1),
+        "peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1), "steps": steps,
+    }
+
+
+def model_info(yaml: str) -> dict:
+    from ultralytics import YOLO
+
+    m = YOLO(yaml)
+    _, params, _, gflops = m.info(verbose=False)
+    return {"params": int(params), "gflops": round(float(gflops), 2)}
+
+
+def onnx_latency(yaml: str, imgsz: int, workdir: Path, reps: int = 20) -> dict:
+    import numpy as np
+    import onnxruntime as ort
+    from ultralytics import YOLO
+
+    m = YOLO(yaml)
+    path = m.export(format="onnx", imgsz=imgsz, simplify=False, device="cpu", project=str(workdir))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.random.rand(1, 3, imgsz, imgsz).astype(np.float32)
+    name = sess.get_inputs()[0].name
+    for _ in range(3):
+        sess.run(None, {name: x})
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        sess.run(None, {name: x})
+        ts.append(time.perf_counter() - t0)
+    return {"onnx_cpu_ms_per_image": round(statistics.median(ts) * 1e3, 2), "onnx_threads": os.cpu_count()}
+
+
+def make_synthetic_dataset(root: Path, n_train: int, imgsz: int) -> Path:
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", n_train), ("val", max(16, n_train // 16))):
+        (root / "images" / split).mkdir(parents=True, exist_ok=True)
+        (root / "labels" / split).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            img = (rng.random((imgsz, imgsz, 3)) * 64).astype(np.uint8)
+            lines = []
+            for _ in range(rng.integers(1, 6)):
+                w, h = rng.integers(imgsz // 16, imgsz // 4, size=2)
+                x0, y0 = rng.integers(0, imgsz - w), rng.integers(0, imgsz - h)
+                c = int(rng.integers(0, 4))
+                img[y0:y0 + h, x0:x0 + w] = (60 * (c + 1), 255 - 50 * c, 40 * c)
+                lines.append(f"{c} {(x0 + w / 2) / imgsz:.6f} {(y0 + h / 2) / imgsz:.6f} {w / imgsz:.6f} {h / imgsz:.6f}")
+            cv2.imwrite(str(root / "images" / split / f"{i:05d}.jpg"), img)
+            (root / "labels" / split / f"{i:05d}.txt").write_text("\n".join(lines) + "\n")
+    yaml = root / "synthetic.yaml"
+    yaml.write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames: {{0: a, 1: b, 2: c, 3: d}}\n")
+    return yaml
+
+
+def loop_bench(yaml: str, data: Path, workdir: Path, n_train: int, epochs: int, bs: int, imgsz: int, workers: int) -> dict:
+    """Runs the stock trainer in a subprocess and reads per-epoch wall times from its log."""
+    code = (
+        "import time, yolo_bimamba; from ultralytics import YOLO\n"
+        "from ultralytics.utils import callbacks\n"
+        "m = YOLO(%r); ts = []\n"
+        "m.add_callback('on_train_epoch_start', lambda t: ts.append(time.perf_counter()))\n"
+        "m.add_callback('on_train_epoch_end', lambda t: ts.append(time.perf_counter()))\n"
+        "m.train(data=%r, epochs=%d, batch=%d, imgsz=%d, workers=%d, cache='ram', val=False, plots=False,"
+        " amp=True, project=%r, name='loop', exist_ok=True, verbose=False)\n"
+        "print('EPOCH_TIMES', [round(ts[i+1]-ts[i], 3) for i in range(0, len(ts), 2)])\n"
+    ) % (yaml, str(data), epochs, bs, imgsz, workers, str(workdir))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("EPOCH_TIMES")]
+    if out.returncode != 0 or not line:
+        raise RuntimeError(f"loop bench failed for {yaml}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    times = json.loads(line[-1].split(" ", 1)[1])
+    later = times[1:] or times
+    return {"loop_epoch_s": later, "loop_images_per_s": round(n_train / statistics.median(later), 1)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=MODELS)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--imgsz", type=int, default=640)
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--loop", action="store_true", help="also time the real `yolo train` loop")
+    ap.add_argument("--loop-images", type=int, default=1024)
+    ap.add_argument("--loop-epochs", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=12)
+    ap.add_argument("--onnx", action="store_true", help="also export ONNX and time CPU inference")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_train.py needs a CUDA GPU")
+    import triton
+    import ultralytics
+
+    gpu = torch.cuda.get_device_name(0)
+    meta = {
+        "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "ultralytics": ultralytics.__version__,
+        "python": platform.python_version(), "cpu_count": os.cpu_count(), "command": " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    rows, info = [], {}
+    for yaml in args.models:
+        info[yaml] = model_info(yaml)
+        for prec in PRECISIONS:
+            for backend in ("triton", "torch"):
+                r = model_step_bench(yaml, prec, backend, args.batch, args.imgsz, args.steps, args.warmup)
+                if r:
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
+                if "bimamba" not in yaml:
+                    break  # plain YOLO has no SSM op: one row per precision
+    work = Path(tempfile.mkdtemp(prefix="bench_train_"))
+    if args.onnx:
+        for yaml in args.models:
+            info[yaml].update(onnx_latency(yaml, args.imgsz, work))
+            print(yaml, info[yaml], flush=True)
+    if args.loop:
+        data = make_synthetic_dataset(work / "synthetic", args.loop_images, args.imgsz)
+        for yaml in args.models:
+            info[yaml].update(loop_bench(yaml, data, work, args.loop_images, args.loop_epochs, args.batch, args.imgsz, args.workers))
+            print(yaml, info[yaml], flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = gpu.replace(" ", "-")
+    (out / f"train-{tag}.json").write_text(json.dumps({"meta": meta, "model_step": rows, "models": info}, indent=2))
+    print(f"\n| model | precision | backend | step ms | img/s | peak MB |\n|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['precision']} | {r['backend']} | {r['step_ms_median']} | {r['images_per_s']} | {r['peak_mem_mb']} |")
+    print("\n| model | params | GFLOPs | ONNX CPU ms | loop img/s |\n|---|---|---|---|---|")
+    for k, v in info.items():
+        print(f"| {k} | {v['params']} | {v['gflops']} | {v.get('onnx_cpu_ms_per_image', '-')} | {v.get('loop_images_per_s', '-')} |")
+
+
+if __name__ == "__main__":
+    main()
