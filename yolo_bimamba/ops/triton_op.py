@@ -1,0 +1,178 @@
+"""Autograd wrapper of the fused Triton bidirectional SSD kernels (``bi_ssd(..., backend="triton")``).
+
+One kernel launch forward, one backward (plus a few tiny reductions over the batch in torch).
+On CUDA the kernels are autotuned over :data:`FWD_CONFIGS` / :data:`BWD_CONFIGS`; under the
+Triton interpreter (``TRITON_INTERPRET=1``, CPU tensors) the first config runs unless one is
+forced with :func:`force_config`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_kernels import BWD_CONFIGS, FWD_CONFIGS, _bi_ssd_bwd_kernel, _bi_ssd_fwd_kernel
+from .validate import validate_bi_ssd
+
+__all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS"]
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_forced = {"fwd": None, "bwd": None}
+# test hook: allocate every output / gradient buffer filled with NaN so unwritten elements show
+_POISON = os.environ.get("YOLO_BIMAMBA_POISON", "0") not in ("", "0")
+
+_KEY = ["P", "N", "DO_F", "DO_B", "SHIFT", "HAS_D", "D_PER_P", "HAS_BIAS", "SOFTPLUS", "COMPUTE"]
+_fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=_KEY)(_bi_ssd_fwd_kernel)
+_bwd_tuned = triton.autotune(configs=BWD_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD"])(_bi_ssd_bwd_kernel)
+
+
+@contextlib.contextmanager
+def force_config(fwd: int | None = None, bwd: int | None = None):
+    """Run the kernels with ``FWD_CONFIGS[fwd]`` / ``BWD_CONFIGS[bwd]`` instead of autotuning."""
+    old = dict(_forced)
+    _forced["fwd"], _forced["bwd"] = fwd, bwd
+    try:
+        yield
+    finally:
+        _forced.update(old)
+
+
+@contextlib.contextmanager
+def poison_outputs(enabled: bool = True):
+    """Test hook: fill every output and gradient buffer with NaN before the kernels run."""
+    global _POISON
+    old = _POISON
+    _POISON = enabled
+    try:
+        yield
+    finally:
+        _POISON = old
+
+
+def _alloc(shape, dtype, device):
+    if _POISON:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _compute_dtype(x):
+    return tl.float64 if x.dtype == torch.float64 else tl.float32
+
+
+def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs):
+    idx = _forced[which]
+    if idx is None and _INTERPRET:
+        idx = 0  # the interpreter cannot time configs; tests force each one explicitly
+    if idx is None:
+        tuned_fn[grid_fn](*args, **kwargs)
+        return
+    cfg = configs[idx]
+    meta = dict(cfg.kwargs)
+    grid = grid_fn(meta)
+    jit_fn[grid](*args, **kwargs, **meta, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _pow2(v):
+    return max(16, triton.next_power_of_2(v))
+
+
+class _BiSSDFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd, opts):
+        dt_softplus, lo, hi, do_f, do_b, shift = opts
+        b, l, h, p = x.shape
+        g, n = B.shape[2], B.shape[3]
+        separate = dt_bwd is not None
+        dtb, Bb, Cb = (dt_bwd, B_bwd, C_bwd) if separate else (dt, B, C)
+        y = _alloc(x.shape, x.dtype, x.device)
+        has_d, has_bias = D is not None, dt_bias is not None
+        args = (x, dt, A, B, C, D if has_d else x, dt_bias if has_bias else x, dtb, Bb, Cb, y, l, h, g, lo, hi)
+        kwargs = dict(
+            P=p, N=n, BLOCK_N=_pow2(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_D=has_d,
+            D_PER_P=has_d and D.dim() == 2, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=_compute_dtype(x),
+        )
+        _launch(_bi_ssd_fwd_kernel, _fwd_tuned, FWD_CONFIGS, "fwd",
+                lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"])), args, kwargs)
+        ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd)
+        ctx.opts = opts
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd = ctx.saved_tensors
+        dt_softplus, lo, hi, do_f, do_b, shift = ctx.opts
+        b, l, h, p = x.shape
+        g, n = B.shape[2], B.shape[3]
+        dev = x.device
+        dy = dy.contiguous()
+        separate = dt_bwd is not None
+        dtb, Bb, Cb = (dt_bwd, B_bwd, C_bwd) if separate else (dt, B, C)
+        per_head = g != h
+        gdt = torch.float32 if per_head and B.dtype != torch.float64 else B.dtype
+        gshape = (b, l, h, n) if per_head else (b, l, g, n)
+        dx = _alloc(x.shape, x.dtype, dev)
+        ddt = _alloc(dt.shape, dt.dtype, dev)
+        dB = _alloc(gshape, gdt, dev)
+        dC = _alloc(gshape, gdt, dev)
+        if separate:
+            ddtb = _alloc(dt.shape, dt_bwd.dtype, dev)
+            dBb = _alloc(gshape, gdt, dev)
+            dCb = _alloc(gshape, gdt, dev)
+        else:
+            ddtb, dBb, dCb = ddt, dB, dC
+        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        scr = _alloc((b * h, 5 if separate else 3, l), cdt, dev)
+        part = _alloc((b, h, p + 2), cdt, dev)
+        has_d, has_bias = D is not None, dt_bias is not None
+        args = (x, dt, A, B, C, D if has_d else x, dt_bias if has_bias else x, dtb, Bb, Cb, dy,
+                dx, dB, dC, ddt, dBb, dCb, ddtb, scr, part, l, h, g, lo, hi)
+        kwargs = dict(
+            P=p, N=n, BLOCK_P=_pow2(p), BLOCK_N=_pow2(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, SEPARATE=separate,
+            HAS_D=has_d, D_PER_P=has_d and D.dim() == 2, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
+            GRAD_PER_HEAD=per_head, COMPUTE=_compute_dtype(x),
+        )
+        _launch(_bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", lambda meta: (b * h,), args, kwargs)
+
+        def fold(t, like):  # per-head fp32 partials -> per-group gradient in the input's dtype
+            if not per_head:
+                return t
+            return t.view(b, l, g, h // g, n).sum(3).to(like.dtype)
+
+        tot = part.sum(0)  # (h, p + 2)
+        dA = tot[:, 0].to(A.dtype)
+        ddt_bias = tot[:, 1].to(dt_bias.dtype) if has_bias else None
+        dD = None
+        if has_d:
+            dD = (tot[:, 2:] if D.dim() == 2 else tot[:, 2:].sum(1)).to(D.dtype)
+        grads = [dx, ddt, dA, fold(dB, B), fold(dC, C), dD, ddt_bias]
+        if separate:
+            grads += [ddtb, fold(dBb, B_bwd), fold(dCb, C_bwd)]
+        else:
+            grads += [None, None, None]
+        return (*grads, None)
+
+
+def bi_ssd_triton(
+    x, dt, A, B, C, *, chunk_size=64, D=None, dt_bias=None, dt_softplus=False,
+    dt_limit=(0.0, float("inf")), direction="both", shift=False, dt_bwd=None, B_bwd=None, C_bwd=None,
+    validate=True,
+):
+    """Fused Triton bidirectional SSD; same semantics and arguments as :func:`yolo_bimamba.ops.bi_ssd`.
+
+    ``chunk_size`` is validated and accepted for API compatibility; the kernels' internal tile
+    along the sequence is a tuning parameter and does not change the result.
+    ``validate=False`` skips the argument checks (the ``bi_ssd`` dispatcher has already run them).
+    dt_limit is applied in fp32 precision.
+    """
+    if validate:
+        validate_bi_ssd(
+            x, dt, A, B, C, chunk_size=chunk_size, D=D, dt_bias=dt_bias, dt_limit=dt_limit,
+            direction=direction, shift=shift, dt_bwd=dt_bwd, B_bwd=B_bwd, C_bwd=C_bwd, backend="triton",
+        )
+    c = lambda t: None if t is None else t.contiguous()  # noqa: E731
+    opts = (bool(dt_softplus), float(dt_limit[0]), float(dt_limit[1]),
+            direction in ("both", "forward"), direction in ("both", "backward"), bool(shift))
+    return _BiSSDFn.apply(c(x), c(dt), c(A), c(B), c(C), c(D), c(dt_bias), c(dt_bwd), c(B_bwd), c(C_bwd), opts)
