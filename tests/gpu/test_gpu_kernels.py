@@ -1,0 +1,341 @@
+"""GPU suite for the fused Triton bi-SSD kernels (run on a CUDA machine).
+
+    python -m pytest -m gpu tests/gpu -v        # the project's addopts deselect 'gpu' by default
+
+What it checks, against float64 (the chunked PyTorch op run in float64 on the GPU: the quadratic
+reference is O(L^2) and too large at these lengths; tests/test_op_torch.py ties the two together):
+
+* detection shapes (b16, L 400/1600/6400, h 4/8, p64, n64) and the LM shape (b8, L8192, h32, p64,
+  n128), fp32 and bf16: y and every gradient within 2e-3 (fp32) / 1.5e-2 (bf16) relative
+  (||out - ref|| / ||ref||); every run twice: y, dx, dB, dC bitwise equal, ddt, dA, dD, ddt_bias
+  within 1e-6 relative; output and gradient memory poisoned with NaN through the caching
+  allocator before each run, so an unwritten element cannot pass;
+* direction="forward"/"backward", D per (head, channel), ngroups > 1, Hydra mode (shift=True with
+  dt_bwd/B_bwd/C_bwd);
+* every autotune config of every kernel forced one at a time;
+* stress inputs: softplus input of dt up to +10, dt up to 1e2, A down to -1e2, L = 65536:
+  finite outputs and gradients (and still accurate).
+
+Environment knobs (only for dry runs of this file elsewhere): BI_SSD_GPU_DEVICE (default cuda),
+BI_SSD_GPU_BACKEND (default triton), BI_SSD_GPU_SMALL=1 (tiny shapes).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+
+import pytest
+import torch
+
+from yolo_bimamba.ops import bi_ssd
+
+DEVICE = os.environ.get("BI_SSD_GPU_DEVICE", "cuda")
+BACKEND = os.environ.get("BI_SSD_GPU_BACKEND", "triton")
+SMALL = os.environ.get("BI_SSD_GPU_SMALL", "0") == "1"
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+TOL = {torch.float32: 2e-3, torch.bfloat16: 1.5e-2}
+DTYPES = [torch.float32, torch.bfloat16]
+CHUNK = 64
+
+
+def _shape(b, l, h, p, n, g=1):
+    if SMALL:  # dry-run sizes: same structure, tiny problem
+        return dict(b=min(b, 2), l=max(3, l // 100), h=min(h, 2 if h < 8 else 4), p=8, n=min(n, 16), g=g)
+    return dict(b=b, l=l, h=h, p=p, n=n, g=g)
+
+
+DET_SHAPES = [_shape(16, l, h, 64, 64) for h in (8, 4) for l in (400, 1600, 6400)]
+LM_SHAPE = _shape(8, 8192, 32, 64, 128)
+
+
+def _sid(s):
+    return f"b{s['b']}_L{s['l']}_h{s['h']}_p{s['p']}_n{s['n']}_g{s['g']}"
+
+
+# ------------------------------------------------------------------------------------------
+# inputs, reference, the op under test
+# ------------------------------------------------------------------------------------------
+
+def make_inputs(s, *, seed, hydra=False, D_per_channel=False, dt_raw=None, dt_softplus=True, A=None,
+                dt_limit=(0.0, float("inf"))):
+    """fp32 inputs whose values are exactly representable in bf16 (one reference serves both dtypes).
+
+    Realistic Mamba2 ranges: dt = softplus(dt_raw + dt_bias) with dt_bias from dt0 in [1e-3, 0.1],
+    A = -exp(U[0, log 16]); x, B, C standard normal.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    b, l, h, p, n, g = s["b"], s["l"], s["h"], s["p"], s["n"], s["g"]
+
+    def rnd(*shape, scale=1.0, shift=0.0):
+        t = torch.randn(*shape, generator=gen) * scale + shift
+        return t.to(torch.bfloat16).float().to(DEVICE)
+
+    dt0 = torch.exp(torch.rand(h, generator=gen) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+    inp = dict(
+        x=rnd(b, l, h, p),
+        dt=rnd(b, l, h, scale=0.5, shift=-0.5) if dt_raw is None else dt_raw(gen, (b, l, h)).to(DEVICE),
+        A=(-torch.exp(torch.rand(h, generator=gen) * math.log(16.0))).to(DEVICE) if A is None else A.to(DEVICE),
+        B=rnd(b, l, g, n),
+        C=rnd(b, l, g, n),
+        D=rnd(h, p) if D_per_channel else rnd(h),
+        dt_bias=(dt0 + torch.log(-torch.expm1(-dt0))).to(DEVICE),
+    )
+    if hydra:
+        inp.update(
+            dt_bwd=rnd(b, l, h, scale=0.5, shift=-0.5) if dt_raw is None else dt_raw(gen, (b, l, h)).to(DEVICE),
+            B_bwd=rnd(b, l, g, n),
+            C_bwd=rnd(b, l, g, n),
+        )
+    dy = rnd(b, l, h, p)
+    opts = dict(chunk_size=CHUNK, dt_softplus=dt_softplus, dt_limit=dt_limit)
+    return inp, dy, opts
+
+
+LOWP = ("x", "dt", "B", "C", "dt_bwd", "B_bwd", "C_bwd")  # in the test dtype; A, D, dt_bias stay fp32 (parameters)
+
+
+def run(inp, dy, opts, dtype, *, backend, grads=True, **extra):
+    """y and the gradients of every tensor input, in a dict keyed like ``inp`` (plus 'y')."""
+    leaves = {}
+    for k, v in inp.items():
+        t = v.detach().to(dtype if (k in LOWP or dtype == torch.float64) else torch.float32)
+        leaves[k] = t.requires_grad_(grads)
+    args = [leaves[k] for k in ("x", "dt", "A", "B", "C")]
+    kw = {k: leaves[k] for k in leaves if k not in ("x", "dt", "A", "B", "C")}
+    y = bi_ssd(*args, **kw, **opts, **extra, backend=backend)
+    out = {"y": y.detach()}
+    if grads:
+        names = list(leaves)
+        gs = torch.autograd.grad(y, [leaves[k] for k in names], dy.to(y.dtype))
+        out.update({"d" + k: gv for k, gv in zip(names, gs)})
+    return out
+
+
+def reference(inp, dy, opts, **extra):
+    return run(inp, dy, opts, torch.float64, backend="torch", **extra)
+
+
+def rel(a, ref):
+    a, ref = a.double(), ref.double()
+    return ((a - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def poison_allocator(nbytes):
+    """Fill free memory of the caching allocator with NaN so torch.empty outputs start as NaN."""
+    if DEVICE != "cuda":
+        return
+    torch.cuda.synchronize()
+    n = int(nbytes) // 4 + 1
+    big = torch.full((n,), float("nan"), device=DEVICE)
+    del big
+    # small blocks (< 1 MiB) come from their own pool: poison a spread of them as well
+    smalls = [torch.full((k,), float("nan"), device=DEVICE) for k in (64, 256, 1024, 4096, 16384, 65536) for _ in range(8)]
+    del smalls
+    torch.cuda.synchronize()
+
+
+def io_bytes(inp, dtype):
+    el = 2 if dtype == torch.bfloat16 else 4
+    return sum(v.numel() * (el if k in LOWP else 4) for k, v in inp.items())
+
+
+def check(out, ref, dtype, what):
+    tol = TOL[dtype]
+    bad = []
+    for k, r in ref.items():
+        a = out[k]
+        if not torch.isfinite(a).all():
+            bad.append(f"{k}: {int((~torch.isfinite(a)).sum())} non-finite of {a.numel()}")
+            continue
+        e = rel(a, r)
+        print(f"  {what} {k:10s} rel {e:.2e}")
+        if not e <= tol:
+            bad.append(f"{k}: rel err {e:.3e} > {tol:g}")
+    assert not bad, f"{what}: " + "; ".join(bad)
+
+
+def check_repeatable(o1, o2, what):
+    bad = []
+    for k in o1:
+        a, b = o1[k], o2[k]
+        if k in ("y", "dx", "dB", "dC", "dB_bwd", "dC_bwd"):
+            if not torch.equal(a, b):
+                bad.append(f"{k} not bitwise repeatable (max diff {(a.double() - b.double()).abs().max().item():.3e})")
+        else:
+            e = rel(a, b) if b.abs().max() > 0 else (a - b).abs().max().item()
+            if not e <= 1e-6:
+                bad.append(f"{k} differs run to run by {e:.3e} relative")
+    assert not bad, f"{what}: " + "; ".join(bad)
+
+
+_REF_CACHE: dict = {}
+
+
+def cached_reference(key, make):
+    if key not in _REF_CACHE:
+        _REF_CACHE.clear()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+        _REF_CACHE[key] = make()
+    return _REF_CACHE[key]
+
+
+def accuracy_case(s, dtype, *, seed, label, hydra=False, extra=None, **mk):
+    extra = extra or {}
+    inp, dy, opts = make_inputs(s, seed=seed, hydra=hydra, **mk)
+    key = (label, _sid(s), seed, hydra, repr(sorted(extra.items())), repr(sorted(mk.items())))
+    ref = cached_reference(key, lambda: reference(inp, dy, opts, **extra))
+    outs = []
+    for _ in range(2):
+        poison_allocator(4 * io_bytes(inp, dtype) + (64 << 20))
+        outs.append(run(inp, dy, opts, dtype, backend=BACKEND, **extra))
+    check(outs[0], ref, dtype, f"{label} {_sid(s)} {dtype}")
+    check_repeatable(outs[0], outs[1], f"{label} {_sid(s)} {dtype}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _backend_present():
+    if BACKEND == "triton":  # a missing Triton backend is a failure here, never a skip
+        from yolo_bimamba.ops import triton_op  # noqa: F401
+    if DEVICE == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # the float64 reference must not use tf32
+    yield
+    _REF_CACHE.clear()
+
+
+# ------------------------------------------------------------------------------------------
+# accuracy and repeatability at the target shapes
+# ------------------------------------------------------------------------------------------
+
+_CASES = [(s, dt) for s in DET_SHAPES for dt in DTYPES] + [(LM_SHAPE, dt) for dt in DTYPES]
+
+
+@pytest.mark.parametrize("s,dtype", _CASES, ids=[f"{_sid(s)}-{str(d)[6:]}" for s, d in _CASES])
+def test_accuracy_and_repeatability(s, dtype):
+    accuracy_case(s, dtype, seed=1, label="both")
+
+
+DET = _shape(16, 1600, 8, 64, 64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_single_direction(direction, dtype):
+    accuracy_case(DET, dtype, seed=2, label=direction, extra={"direction": direction})
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_groups_and_channel_D_and_dt_limit(dtype):
+    s = dict(_shape(16, 1637, 8, 64, 64, g=2))
+    accuracy_case(s, dtype, seed=3, label="g2-Dhp-limit", D_per_channel=True, dt_limit=(0.01, 0.3))
+
+
+HYDRA_SHAPES = [_shape(16, 1600, 8, 64, 64), _shape(16, 400, 4, 64, 64), _shape(16, 6400, 8, 64, 64)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("s", HYDRA_SHAPES, ids=_sid)
+def test_hydra_mode(s, dtype):
+    accuracy_case(s, dtype, seed=4, label="hydra", hydra=True, extra={"shift": True})
+
+
+# ------------------------------------------------------------------------------------------
+# every config of every kernel, forced one at a time
+# ------------------------------------------------------------------------------------------
+
+def config_forcers():
+    """[(label, context manager factory)] for every config of every kernel (kernel helper's API).
+
+    Discovered from yolo_bimamba.ops.triton_op: ``force_config(fwd=i, bwd=j)`` with
+    ``triton_kernels.FWD_CONFIGS`` / ``BWD_CONFIGS``. Each forward config is paired with a backward
+    config (cycling the shorter list), so every config of each list runs at least once.
+    """
+    if BACKEND != "triton":
+        return [("default", contextlib.nullcontext)]
+    from yolo_bimamba.ops import triton_kernels as tk
+    from yolo_bimamba.ops import triton_op as to
+
+    nf, nb = len(tk.FWD_CONFIGS), len(tk.BWD_CONFIGS)
+    out = []
+    for i in range(max(nf, nb)):
+        fi, bi = i % nf, i % nb
+        out.append((f"fwd{fi}-bwd{bi}", lambda fi=fi, bi=bi: to.force_config(fwd=fi, bwd=bi)))
+    return out
+
+
+def _forcer_ids():
+    try:
+        return config_forcers()
+    except Exception as exc:  # noqa: BLE001 - reported as a failing test below, never skipped
+        return [("config-discovery-failed", exc)]
+
+
+_FORCERS = _forcer_ids()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("label,forcer", _FORCERS, ids=[f[0] for f in _FORCERS])
+def test_every_config(label, forcer, dtype):
+    if isinstance(forcer, Exception):
+        raise forcer
+    s = _shape(4, 1637, 8, 64, 64, g=2)  # L not a multiple of any block
+    for hydra in (False, True):
+        extra = {"shift": True} if hydra else {}
+        inp, dy, opts = make_inputs(s, seed=5, hydra=hydra, D_per_channel=True)
+        ref = cached_reference(("cfg", hydra), lambda: reference(inp, dy, opts, **extra))
+        outs = []
+        for _ in range(2):
+            poison_allocator(4 * io_bytes(inp, dtype) + (64 << 20))
+            with forcer():
+                outs.append(run(inp, dy, opts, dtype, backend=BACKEND, **extra))
+        what = f"config {label} {'hydra' if hydra else 'both'} {dtype}"
+        check(outs[0], ref, dtype, what)
+        check_repeatable(outs[0], outs[1], what)
+
+
+# ------------------------------------------------------------------------------------------
+# stress inputs
+# ------------------------------------------------------------------------------------------
+
+def _uniform(lo, hi):
+    return lambda gen, shape: (torch.rand(shape, generator=gen) * (hi - lo) + lo).to(torch.bfloat16).float()
+
+
+STRESS = {
+    # softplus input up to +10: dt_raw + dt_bias spans about [-10, +10]
+    "softplus-input-10": dict(dt_raw=_uniform(-10.0, 10.0)),
+    # dt up to 1e2 (no softplus) with A down to -1e2
+    "dt-1e2-A-1e2": dict(dt_raw=_uniform(0.0, 100.0), dt_softplus=False,
+                         A=-torch.logspace(-2, 2, 8)),
+    # tiny decays everywhere (dt*A ~ -1e4) next to none at all (A = 0 in some heads)
+    "A-zero-and-huge": dict(dt_raw=_uniform(0.0, 100.0), dt_softplus=False,
+                            A=torch.tensor([0.0, -100.0, 0.0, -1e-4, -100.0, -1.0, 0.0, -50.0])),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(STRESS))
+def test_stress_values(name, dtype):
+    s = _shape(4, 1637, 8, 64, 64)
+    mk = dict(STRESS[name])
+    if SMALL and "A" in mk:
+        mk["A"] = mk["A"][: s["h"]]
+    for hydra in (False, True):
+        accuracy_case(s, dtype, seed=6, label=f"stress-{name}{'-hydra' if hydra else ''}", hydra=hydra,
+                      extra={"shift": True} if hydra else {}, **mk)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["normal", "softplus-input-10", "dt-1e2-A-1e2"])
+def test_stress_long_sequence(name, dtype):
+    s = _shape(2, 65536, 8, 64, 64)
+    mk = {} if name == "normal" else dict(STRESS[name])
+    if SMALL and "A" in mk:
+        mk["A"] = mk["A"][: s["h"]]
+    accuracy_case(s, dtype, seed=7, label=f"L65536-{name}", **mk)
