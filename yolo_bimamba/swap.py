@@ -45,6 +45,7 @@ is swapped the same way: :func:`install_ultralytics_hook` makes ``parse_model`` 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import pickle
 import sys
@@ -408,24 +409,28 @@ def install_ultralytics_hook() -> bool:
 
     Ultralytics trains from a checkpoint by rebuilding the model from its YAML and loading the
     weights by key: with this hook the rebuilt model is swapped like the checkpoint's, so the
-    keys and shapes match. Idempotent; returns True when installed (False without Ultralytics).
+    keys and shapes match. The hook must wrap the block-building wrapper of
+    :mod:`yolo_bimamba.ultralytics_glue` (the swap has to see the finished blocks), so that is
+    registered first. Idempotent; returns True when installed (False without Ultralytics).
     """
     try:
         from ultralytics.nn import tasks
-    except Exception:  # noqa: BLE001
+
+        from . import ultralytics_glue
+    except Exception:  # noqa: BLE001 - no Ultralytics: nothing to hook
         return False
+    ultralytics_glue.register()
     current = tasks.parse_model
     if getattr(current, "_yolo_bimamba_swap_hook", False):
         return True
 
+    @functools.wraps(current)
     def parse_model(d, *args, **kwargs):
         layers, save = current(d, *args, **kwargs)
         apply_yaml_swap(layers, d)
         return layers, save
 
     parse_model._yolo_bimamba_swap_hook = True
-    parse_model.__wrapped__ = current
-    parse_model.__doc__ = current.__doc__
     tasks.parse_model = parse_model
     return True
 
