@@ -1,0 +1,323 @@
+"""Registration of the yolo-bimamba blocks with Ultralytics, without forking it.
+
+:func:`register` (idempotent, called by ``import yolo_bimamba``):
+
+* **YAML rows.** Ultralytics' ``parse_model`` decides which modules get ``c1`` inferred, ``c2`` width-scaled and
+  capped by ``max_channels`` and ``n`` depth-scaled from sets that are local to the function and rebuilt on every
+  call, so no registry can extend them. :func:`parse_model` wraps the original instead: rows naming one of our
+  blocks are rewritten to the built-in ``C2f`` (trailing dict arguments are taken out as the block's keyword
+  arguments), the original builds the model, and each such layer is then rebuilt as our block from the channels the
+  original resolved for the C2f (``c1`` = cv1 input, ``c2`` = cv2 output, ``n`` = number of bottlenecks). The block
+  thus scales exactly like C2f in every Ultralytics version, whatever the shape of those sets. The layer table that
+  ``parse_model`` logs is corrected to show our block, its parameter count and its arguments.
+* **Names.** Our blocks are also put into ``ultralytics.nn.tasks``' globals.
+* **YAML lookup.** ``ultralytics.utils.checks.check_file`` (behind ``check_yaml`` and ``check_det_dataset``) is
+  wrapped so that bare names of our YAMLs (``bimamba.yaml``, ``yolov8-bimamba.yaml`` - hence ``yolov8n-bimamba.yaml``
+  through Ultralytics' scale-letter stripping -, ``digits.yaml``, ...) resolve from any directory, and so that a
+  dataset descriptor YAML (``yolo_bimamba_dataset:`` key, see :mod:`yolo_bimamba.data`) is built on first use and
+  replaced by the generated data YAML.
+* **Offline safety.** ``YOLO_OFFLINE`` defaults to true when this module is imported before Ultralytics; the fonts
+  Ultralytics would download (Arial.ttf, Arial.Unicode.ttf) are provided from matplotlib's DejaVuSans; the CUDA AMP
+  check, which downloads a reference model, is skipped offline when that model is not on disk (AMP stays on, which
+  is what Ultralytics itself does when the download fails).
+* **Guard.** ``yolo_bimamba.guard.install()`` is called when that module exists.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_TRUTHY = {"1", "true", "yes", "on", "y", "t"}
+if "ultralytics" not in sys.modules:
+    # Ultralytics 8.3 only recognises YOLO_OFFLINE="true"; 8.4 accepts any truthy spelling.
+    _off = os.environ.get("YOLO_OFFLINE")
+    if _off is None or _off.strip().lower() in _TRUTHY:
+        os.environ["YOLO_OFFLINE"] = "true"
+
+import ast  # noqa: E402
+import contextlib  # noqa: E402
+import functools  # noqa: E402
+import importlib  # noqa: E402
+import importlib.util  # noqa: E402
+import logging  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import threading  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+__all__ = ["register", "register_block", "blocks", "cfg_dir", "resolve_name", "parse_model", "ensure_fonts"]
+
+#: Block names looked up lazily in yolo_bimamba.nn (a block that does not exist yet is simply not registered).
+_KNOWN_BLOCKS = ("C2fBiMamba", "C2fHydra")
+_EXTRA_BLOCKS: dict[str, type] = {}
+_LOCK = threading.RLock()
+_REGISTERED = False
+_C2F_TYPE = "ultralytics.nn.modules.block.C2f"
+
+
+def cfg_dir() -> Path:
+    """Directory holding our YAMLs: the copy installed inside the package, else the repository's top-level cfg/."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "cfg"
+    return packaged if packaged.is_dir() else here.parent / "cfg"
+
+
+def register_block(cls: type, name: str | None = None) -> type:
+    """Make ``cls`` (C2f signature ``(c1, c2, n, shortcut, g, e, **kw)``) usable in YAML rows like C2f."""
+    name = name or cls.__name__
+    _EXTRA_BLOCKS[name] = cls
+    if _REGISTERED:
+        import ultralytics.nn.tasks as tasks
+
+        setattr(tasks, name, cls)
+    return cls
+
+
+def blocks() -> dict[str, type]:
+    """Name -> class of every block handled by the parse_model wrapper."""
+    out = {}
+    nn_mod = importlib.import_module("yolo_bimamba.nn")
+    for name in _KNOWN_BLOCKS:
+        cls = getattr(nn_mod, name, None)
+        if cls is None:
+            # e.g. C2fHydra lives in yolo_bimamba.nn.hydra and may not be re-exported by yolo_bimamba.nn
+            with contextlib.suppress(ImportError):
+                cls = getattr(importlib.import_module("yolo_bimamba.nn.hydra"), name, None)
+        if cls is not None:
+            out[name] = cls
+    out.update(_EXTRA_BLOCKS)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------- parse_model
+def _literal(v):
+    if isinstance(v, str):
+        with contextlib.suppress(ValueError, SyntaxError):
+            return ast.literal_eval(v)
+    return v
+
+
+class _Capture(logging.Filter):
+    """Holds back the records logged while the original parse_model runs, so the layer table can be corrected."""
+
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def filter(self, record):
+        self.records.append(record)
+        return False
+
+
+def _fix_line(msg: str, i: int, layer, cls, args) -> str:
+    t = f"{cls.__module__}.{cls.__qualname__}"
+    k = msg.find(_C2F_TYPE)
+    if k < 0:
+        return msg
+    head = msg[:k].rstrip()
+    head = head[: len(head) - len(head.split()[-1])].rstrip()  # drop C2f's parameter count
+    return f"{head}{layer.np:10.0f}  {t:<45}{args!s:<30}"
+
+
+def _make_wrapper(original):
+    @functools.wraps(original)
+    def parse_model(d, ch, verbose=True):
+        ours = blocks()
+        rows = list(d.get("backbone") or []) + list(d.get("head") or [])
+        if not any(isinstance(r[2], str) and r[2] in ours for r in rows):
+            return original(d, ch, verbose)
+
+        d = dict(d)
+        specs = {}  # layer index -> (class, row args without kwargs, kwargs)
+        i = 0
+        for sec in ("backbone", "head"):
+            new_rows = []
+            for f, n, m, args in d.get(sec) or []:
+                args = list(args)
+                if isinstance(m, str) and m in ours:
+                    kw = {}
+                    while args and isinstance(args[-1], dict):
+                        kw = {**args.pop(), **kw}
+                    if not args:
+                        raise ValueError(f"layer {i} ({m}): the first argument must be the output channels c2")
+                    if len(args) > 4:
+                        raise ValueError(f"layer {i} ({m}): expected args [c2, shortcut, g, e, {{kwargs}}], got {args}")
+                    specs[i] = (ours[m], list(args), kw)
+                    m = "C2f"
+                new_rows.append([f, n, m, args])
+                i += 1
+            d[sec] = new_rows
+
+        from ultralytics.nn.tasks import LOGGER
+
+        cap = _Capture()
+        if verbose:
+            LOGGER.addFilter(cap)
+        try:
+            model, save = original(d, ch, verbose)
+        finally:
+            if verbose:
+                LOGGER.removeFilter(cap)
+
+        logs = {}
+        for i, (cls, args, kw) in specs.items():
+            c2f = model[i]
+            c1, c2, n = c2f.cv1.conv.in_channels, c2f.cv2.conv.out_channels, len(c2f.m)
+            shortcut = bool(_literal(args[1])) if len(args) > 1 else False
+            g = int(_literal(args[2])) if len(args) > 2 else 1
+            e = float(_literal(args[3])) if len(args) > 3 else 0.5
+            if int(c2 * e) != c2f.c:
+                raise RuntimeError(f"layer {i}: could not recover C2f's expansion (c={c2f.c}, c2={c2}, e={e})")
+            block = cls(c1, c2, n, shortcut, g, e, **kw)
+            block.np = sum(p.numel() for p in block.parameters())
+            block.i, block.f, block.type = c2f.i, c2f.f, f"{cls.__module__}.{cls.__qualname__}"
+            model[i] = block
+            logs[i] = [c1, c2, n, shortcut, g, e, *([kw] if kw else [])]
+
+        for rec in cap.records:
+            msg = rec.getMessage()
+            head = msg[:3].strip()
+            if head.isdigit() and int(head) in logs and _C2F_TYPE in msg:
+                i = int(head)
+                rec.msg, rec.args = _fix_line(msg, i, model[i], specs[i][0], logs[i]), ()
+            LOGGER.handle(rec)
+        return model, save
+
+    parse_model._yolo_bimamba_original = original
+    return parse_model
+
+
+def parse_model(d, ch, verbose=True):
+    """Ultralytics' parse_model with our blocks handled like C2f (available after :func:`register`)."""
+    import ultralytics.nn.tasks as tasks
+
+    register()
+    return tasks.parse_model(d, ch, verbose)
+
+
+# ---------------------------------------------------------------------------------------------------- YAML lookup
+def resolve_name(file) -> str | None:
+    """Path for a bare YAML name of ours (model or dataset), building a dataset on first use; else None."""
+    if not isinstance(file, (str, Path)):
+        return None
+    s = str(file).strip()
+    if not s or "://" in s or os.path.exists(s) or Path(s).name != s:
+        return None
+    cand = cfg_dir() / s
+    if not cand.is_file():
+        return None
+    from .data import resolve_data_yaml
+
+    return resolve_data_yaml(cand) or str(cand)
+
+
+def _wrap_check_file(original):
+    @functools.wraps(original)
+    def check_file(file, *args, **kwargs):
+        ours = resolve_name(file)
+        if ours is not None:
+            return ours
+        out = original(file, *args, **kwargs)
+        if isinstance(out, (str, Path)) and str(out).endswith((".yaml", ".yml")):
+            from .data import resolve_data_yaml
+
+            built = resolve_data_yaml(out)
+            if built is not None:
+                return built
+        return out
+
+    check_file._yolo_bimamba_original = original
+    return check_file
+
+
+def _rebind(name: str, old, new):
+    """Replace ``old`` by ``new`` under ``name`` in every loaded ultralytics module (from-imports copy the name)."""
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is not None and (mod_name == "ultralytics" or mod_name.startswith("ultralytics.")):
+            if getattr(mod, name, None) is old:
+                setattr(mod, name, new)
+
+
+# ------------------------------------------------------------------------------------------------- offline safety
+def ensure_fonts() -> list[Path]:
+    """Provide Arial.ttf / Arial.Unicode.ttf in Ultralytics' config dir (copies of matplotlib's DejaVuSans)."""
+    from ultralytics.utils import USER_CONFIG_DIR
+
+    placed = []
+    missing = [USER_CONFIG_DIR / n for n in ("Arial.ttf", "Arial.Unicode.ttf") if not (USER_CONFIG_DIR / n).exists()]
+    if not missing:
+        return placed
+    try:
+        import matplotlib
+
+        src = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+    except ImportError:
+        return placed
+    if not src.is_file():
+        return placed
+    for dst in missing:
+        try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dst)
+            placed.append(dst)
+        except OSError:  # read-only config dir: Ultralytics will warn, training still works
+            pass
+    return placed
+
+
+def _offline() -> bool:
+    import ultralytics.utils as uu
+
+    return not getattr(uu, "ONLINE", True) or os.environ.get("YOLO_OFFLINE", "").strip().lower() in _TRUTHY
+
+
+def _wrap_check_amp(original):
+    @functools.wraps(original)
+    def check_amp(model):
+        try:
+            device = next(model.parameters()).device
+        except (StopIteration, AttributeError):
+            return original(model)
+        if device.type == "cuda" and _offline():
+            from ultralytics.utils import LOGGER, WEIGHTS_DIR
+
+            if not any((WEIGHTS_DIR / w).is_file() for w in ("yolo26n.pt", "yolo11n.pt", "yolov8n.pt")):
+                LOGGER.info("AMP: checks skipped (offline and no local reference model); keeping amp=True")
+                return True
+        return original(model)
+
+    check_amp._yolo_bimamba_original = original
+    return check_amp
+
+
+# ------------------------------------------------------------------------------------------------------- register
+def register() -> None:
+    """Register our blocks, YAML names and offline fixes with Ultralytics. Safe to call any number of times."""
+    global _REGISTERED
+    with _LOCK:
+        if _REGISTERED:
+            return
+        import ultralytics.engine.trainer as trainer
+        import ultralytics.nn.tasks as tasks
+        import ultralytics.utils.checks as checks
+
+        if not hasattr(tasks.parse_model, "_yolo_bimamba_original"):
+            tasks.parse_model = _make_wrapper(tasks.parse_model)
+        if not hasattr(checks.check_file, "_yolo_bimamba_original"):
+            old = checks.check_file
+            _rebind("check_file", old, _wrap_check_file(old))
+        if not hasattr(checks.check_amp, "_yolo_bimamba_original"):
+            old = checks.check_amp
+            _rebind("check_amp", old, _wrap_check_amp(old))
+        if not hasattr(trainer.check_amp, "_yolo_bimamba_original"):  # imported before our rebind: wrap there too
+            trainer.check_amp = _wrap_check_amp(trainer.check_amp)
+        for name, cls in blocks().items():
+            setattr(tasks, name, cls)
+        ensure_fonts()
+        _REGISTERED = True
+
+    if importlib.util.find_spec("yolo_bimamba.guard") is not None:
+        importlib.import_module("yolo_bimamba.guard").install()
