@@ -1,1 +1,17 @@
-"""yolo-bimamba"""
+"""yolo-bimamba: bidirectional Mamba2 (Bi-Mamba2 / Hydra) blocks for Ultralytics YOLO, on fused Triton kernels.
+
+``import yolo_bimamba`` registers the blocks, YAML names, the default dataset, the offline fixes and the
+training guard with Ultralytics (see :mod:`yolo_bimamba.ultralytics_glue`).
+"""
+from .nn import BiMamba2, BiMambaLayer2D, C2fBiMamba, C2fHydra, Hydra, HydraLayer2D
+from .ops import bi_ssd, bi_ssd_reference
+from .swap import swap_hydra
+from .ultralytics_glue import register
+
+__version__ = "0.1.0"
+__all__ = [
+    "bi_ssd", "bi_ssd_reference", "BiMamba2", "BiMambaLayer2D", "C2fBiMamba", "Hydra", "HydraLayer2D", "C2fHydra",
+    "swap_hydra", "register",
+]
+
+register()
