@@ -308,14 +308,18 @@ def _bi_ssd_bwd_kernel(
             CBf = tl.dot(Cf, tl.trans(Bf))
             decf = tl.exp(tl.where(tt >= ss, csf[:, None] - csf[None, :], float("-inf")))
             ef_end = tl.exp(lastf - csf)
-            uf = tl.dot(tl.trans(CBf * decf), dzf) + ef_end[:, None] * tl.dot(Bf, dS)
+            # the diagonal (s == t) term does not depend on the decays: it is kept out of the
+            # per-position log-decay gradients (where it would cancel only up to rounding)
+            diagf = tl.sum(Cf * Bf, 1)
+            uf = tl.dot(tl.trans(tl.where(tt > ss, CBf * decf, 0.0)), dzf) + ef_end[:, None] * tl.dot(Bf, dS)
             Mf = tl.dot(dzf, tl.trans(xv)) * decf
             dBf = dtf[:, None] * (tl.dot(tl.trans(Mf), Cf) + ef_end[:, None] * tl.dot(xv, tl.trans(dS)))
             dCv += tl.dot(Mf * dtf[None, :], Bf)
             dS = tl.exp(lastf) * dS + tl.dot(tl.trans(Cf * tl.exp(csf)[:, None]), dzf)
-            vf_ddt = tl.sum(uf * xv, 1)
-            vf_dcs = -dtf * vf_ddt
-            dxv += dtf[:, None] * uf
+            xu = tl.sum(uf * xv, 1)
+            vf_dcs = -dtf * xu
+            vf_ddt = xu + diagf * tl.sum(dzf * xv, 1)
+            dxv += dtf[:, None] * (uf + diagf[:, None] * dzf)
             tl.store(dB_ptr + go + rows[:, None] * gstride + offs_n[None, :], dBf.to(dB_ptr.dtype.element_ty), mask=m_bn)
         if DO_B:
             dtb, _u1 = _load_dt(dtb_ptr + dto, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
@@ -334,7 +338,7 @@ def _bi_ssd_bwd_kernel(
             CBb = tl.dot(Cbv, tl.trans(Bbv))
             decb = tl.exp(tl.where(ss >= tt, csxb[None, :] - csxb[:, None], float("-inf")))
             eb_row = tl.exp(lastb - csxb)
-            zb = tl.dot(CBb * decb * dtb[None, :], xv) + eb_row[:, None] * tl.dot(Cbv, Sb)
+            zb = tl.dot(tl.where(ss > tt, CBb * decb * dtb[None, :], 0.0), xv) + eb_row[:, None] * tl.dot(Cbv, Sb)
             Yb = tl.sum(dzb * zb, 1)
             Mb = tl.dot(dzb, tl.trans(xv)) * decb
             dCb = tl.dot(Mb * dtb[None, :], Bbv) + eb_row[:, None] * tl.dot(dzb, tl.trans(Sb))
@@ -384,7 +388,7 @@ def _bi_ssd_bwd_kernel(
             CBf = tl.dot(Cf, tl.trans(Bf))
             decf = tl.exp(tl.where(tt >= ss, csf[:, None] - csf[None, :], float("-inf")))
             ecs = tl.exp(csf)
-            zf = tl.dot(CBf * decf * dtf[None, :], xv) + ecs[:, None] * tl.dot(Cf, S)
+            zf = tl.dot(tl.where(tt > ss, CBf * decf * dtf[None, :], 0.0), xv) + ecs[:, None] * tl.dot(Cf, S)
             Yf = tl.sum(dzf * zf, 1)
             dC_inter = ecs[:, None] * tl.dot(dzf, tl.trans(S))
             dC_ptrs = dC_ptr + go + rows[:, None] * gstride + offs_n[None, :]
@@ -409,14 +413,16 @@ def _bi_ssd_bwd_kernel(
             CBb = tl.dot(Cbv, tl.trans(Bbv))
             decb = tl.exp(tl.where(ss >= tt, csxb[None, :] - csxb[:, None], float("-inf")))
             ebx = tl.exp(csxb)
-            ub = tl.dot(tl.trans(CBb * decb), dzb) + ebx[:, None] * tl.dot(Bbv, dSb)
+            diagb = tl.sum(Cbv * Bbv, 1)
+            ub = tl.dot(tl.trans(tl.where(ss > tt, CBb * decb, 0.0)), dzb) + ebx[:, None] * tl.dot(Bbv, dSb)
             Mb = tl.dot(dzb, tl.trans(xv)) * decb
             dBb = dtb[:, None] * (tl.dot(tl.trans(Mb), Cbv) + ebx[:, None] * tl.dot(xv, tl.trans(dSb)))
             dSb = tl.exp(lastb) * dSb + tl.dot(tl.trans(Cbv * tl.exp(lastb - csxb)[:, None]), dzb)
-            vb_ddt = tl.sum(ub * xv, 1)
-            Xb = dtb * vb_ddt
+            xub = tl.sum(ub * xv, 1)
+            Xb = dtb * xub
+            vb_ddt = xub + diagb * tl.sum(dzb * xv, 1)
             dx_ptrs = dx_ptr + xo + xy_off
-            dxb = dtb[:, None] * ub + tl.load(dx_ptrs, mask=m_xp, other=0.0).to(COMPUTE)
+            dxb = dtb[:, None] * (ub + diagb[:, None] * dzb) + tl.load(dx_ptrs, mask=m_xp, other=0.0).to(COMPUTE)
             tl.store(dx_ptrs, dxb.to(dx_ptr.dtype.element_ty), mask=m_xp)
             if SEPARATE:
                 tl.store(dBb_ptr + go + rows[:, None] * gstride + offs_n[None, :], dBb.to(dBb_ptr.dtype.element_ty), mask=m_bn)
@@ -465,7 +471,7 @@ def _bi_ssd_bwd_kernel(
         s_ddt = tl.load(scr_ptr + so + L + rows, mask=mrow, other=0.0).to(COMPUTE)
         s_dadir = tl.load(scr_ptr + so + 2 * L + rows, mask=mrow, other=0.0).to(COMPUTE)
         tot = tl.sum(s_dcs, 0)
-        da = carry_f + tot - tl.cumsum(s_dcs, 0) + s_dcs
+        da = carry_f + tl.cumsum(s_dcs, 0, reverse=True)
         carry_f += tot
         if not SEPARATE:
             da += s_dadir
@@ -478,7 +484,7 @@ def _bi_ssd_bwd_kernel(
             s_dcsb = tl.load(scr_ptr + so + 3 * L + rows, mask=mrow, other=0.0).to(COMPUTE)
             s_ddtb = tl.load(scr_ptr + so + 4 * L + rows, mask=mrow, other=0.0).to(COMPUTE)
             totb = tl.sum(s_dcsb, 0)
-            dab = carry_b + totb - tl.cumsum(s_dcsb, 0) + s_dcsb + s_dadir
+            dab = carry_b + tl.cumsum(s_dcsb, 0, reverse=True) + s_dadir
             carry_b += totb
             gb = (s_ddtb + A_h * dab) * dgb
             tl.store(ddtb_ptr + dto + rows * H, gb.to(ddtb_ptr.dtype.element_ty), mask=mrow)

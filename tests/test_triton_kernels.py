@@ -1,0 +1,336 @@
+"""Fused Triton bi-SSD kernels vs the float64 reference, under the Triton interpreter on CPU.
+
+Every forward and backward config is forced in turn; outputs and gradient buffers are poisoned
+with NaN and surrounded by NaN guard regions (an unwritten element or a stray write fails).
+"""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any triton kernel module is imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+from yolo_bimamba.ops import bi_ssd, bi_ssd_reference  # noqa: E402
+from yolo_bimamba.ops import triton_op  # noqa: E402
+from yolo_bimamba.ops.triton_op import BWD_CONFIGS, FWD_CONFIGS, bi_ssd_triton, force_config  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+if DEV == "cpu" and not triton_op._INTERPRET:
+    pytest.skip("no CUDA and TRITON_INTERPRET is not set", allow_module_level=True)
+
+TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
+
+
+# ---------------------------------------------------------------------------------------------
+def make_inputs(b=1, l=9, h=2, p=16, n=16, g=1, dtype=torch.float32, seed=0, d_shape="hp", bias=True,
+                softplus=True, sep=False, dt_limit=(0.0, float("inf")), guard=True):
+    """Random inputs; every tensor is a contiguous view into a NaN-padded buffer (guard=True),
+    so an out-of-bounds read shows up as NaN in the result."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def t(*shape, scale=1.0, shift=0.0):
+        v = torch.randn(*shape, generator=gen, dtype=torch.float64) * scale + shift
+        if not guard:
+            return v.to(dtype).to(DEV)
+        buf = torch.full((v.numel() + 64,), float("nan"), dtype=dtype, device=DEV)
+        view = buf[32:32 + v.numel()].view(shape)
+        view.copy_(v)
+        return view
+
+    args = [t(b, l, h, p), t(b, l, h, scale=0.7, shift=-0.5 if softplus else 0.3), None,
+            t(b, l, g, n, scale=n ** -0.5), t(b, l, g, n, scale=n ** -0.5)]
+    A = -torch.rand(h, generator=gen, dtype=torch.float64) * 1.5 - 0.1
+    if h > 1:
+        A[-1] = 0.3  # positive A is clamped to 0 (its gradient is 0)
+    args[2] = A.to(dtype).to(DEV)
+    kw = dict(dt_softplus=softplus, dt_limit=dt_limit)
+    if d_shape == "hp":
+        kw["D"] = t(h, p)
+    elif d_shape == "h":
+        kw["D"] = t(h)
+    if bias:
+        kw["dt_bias"] = t(h, scale=0.3)
+    if sep:
+        kw["dt_bwd"] = t(b, l, h, scale=0.7, shift=-0.5 if softplus else 0.3)
+        kw["B_bwd"] = t(b, l, g, n, scale=n ** -0.5)
+        kw["C_bwd"] = t(b, l, g, n, scale=n ** -0.5)
+    return args, kw
+
+
+def _leaf(v, dtype=None):
+    if not torch.is_tensor(v):
+        return v
+    v = v.detach().clone() if dtype is None else v.detach().to(dtype)
+    return v.requires_grad_()
+
+
+def run_triton(args, kw, dy, fwd=None, bwd=None, poison=True):
+    leaves = [_leaf(a) for a in args]
+    kwl = {k: _leaf(v) for k, v in kw.items()}
+    with force_config(fwd=fwd, bwd=bwd), triton_op.poison_outputs(poison):
+        y = bi_ssd_triton(*leaves, **kwl)
+        y.backward(dy)
+        guards_ok = triton_op.check_guards()
+    grads = {name: a.grad for name, a in zip("x dt A B C".split(), leaves)}
+    grads.update({k: v.grad for k, v in kwl.items() if torch.is_tensor(v)})
+    return y.detach(), grads, guards_ok
+
+
+def run_reference(args, kw, dy):
+    leaves = [_leaf(a, torch.float64) for a in args]
+    kwl = {k: _leaf(v, torch.float64) for k, v in kw.items()}
+    y = bi_ssd_reference(*leaves, **kwl)
+    y.backward(dy.to(torch.float64))
+    grads = {name: a.grad for name, a in zip("x dt A B C".split(), leaves)}
+    grads.update({k: v.grad for k, v in kwl.items() if torch.is_tensor(v)})
+    return y.detach(), grads
+
+
+def _cancel_scales(args, kw, dy):
+    """Per head: sum_j |dt_j da_j| (the terms summed into dA) and sum |d dt_raw| (into d dt_bias),
+    from the float64 reference with A broadcast per position."""
+    x, dt, A, B, C = [a.detach().to(torch.float64) for a in args]
+    Af = A.expand(dt.shape).clone().requires_grad_()
+    dtl = dt.clone().requires_grad_()
+    kw64 = {k: (v.detach().to(torch.float64).requires_grad_() if torch.is_tensor(v) else v) for k, v in kw.items()}
+    y = bi_ssd_reference(x, dtl, Af, B, C, **kw64)
+    y.backward(dy.to(torch.float64))
+    s_bias = dtl.grad.abs().sum((0, 1))
+    if "dt_bwd" in kw64:
+        s_bias = s_bias + kw64["dt_bwd"].grad.abs().sum((0, 1))
+    return {"A": Af.grad.abs().sum((0, 1)).cpu(), "dt_bias": s_bias.cpu()}
+
+
+def rel_err(a, ref):
+    a, ref = a.detach().double().cpu(), ref.detach().double().cpu()
+    assert a.shape == ref.shape
+    assert torch.isfinite(a).all(), "non-finite values (unwritten or NaN)"
+    den = ref.norm()
+    if den == 0:
+        return a.norm().item()
+    return ((a - ref).norm() / den).item()
+
+
+def check_case(args, kw, fwd=None, bwd=None, tol=None, seed=1):
+    x = args[0]
+    tol = tol or TOL[x.dtype]
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(x.dtype).to(DEV)
+    y, grads, guards_ok = run_triton(args, kw, dy, fwd, bwd)
+    assert guards_ok, "a kernel wrote outside an output buffer"
+    assert y.dtype == x.dtype
+    yr, gr = run_reference(args, kw, dy)
+    errs = {"y": rel_err(y, yr)}
+    assert set(grads) == set(gr)
+    for k in gr:
+        assert grads[k] is not None, k
+        assert grads[k].dtype == (args["x dt A B C".split().index(k)] if k in "x dt A B C".split() else kw[k]).dtype
+        errs[k] = rel_err(grads[k], gr[k])
+    if x.dtype != torch.float64:
+        # dA and d(dt_bias) are sums over the whole sequence of terms that cancel (the log-decay
+        # gradients of one direction sum to ~0): their fp32 error scales with the summed
+        # magnitudes, not with the result. Measure them against that scale (see _cancel_scales).
+        scale = _cancel_scales(args, kw, dy)
+        for k in ("A", "dt_bias"):
+            if k in gr:
+                err = (grads[k].double().cpu() - gr[k].cpu()).abs()
+                den = gr[k].abs().cpu() + scale[k]
+                errs[k] = torch.where(den > 0, err / den.clamp_min(1e-300), err).max().item()
+    bad = {k: v for k, v in errs.items() if not v <= tol}
+    assert not bad, f"relative errors above {tol}: {bad} (all: {errs})"
+    return errs
+
+
+def _qf(i):
+    return FWD_CONFIGS[i].kwargs["BLOCK_Q"]
+
+
+def _qb(i):
+    return BWD_CONFIGS[i].kwargs["BLOCK_Q"]
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. full length sweep, one forward and one backward config per BLOCK_Q
+def _first_with_q(configs, q):
+    return next(i for i, c in enumerate(configs) if c.kwargs["BLOCK_Q"] == q)
+
+
+_QS = sorted({c.kwargs["BLOCK_Q"] for c in FWD_CONFIGS} | {c.kwargs["BLOCK_Q"] for c in BWD_CONFIGS})
+# options rotate over the lengths so each BLOCK_Q sees every feature at least once
+_OPTS = [
+    dict(direction="both"),
+    dict(direction="both", shift=True, sep=True, g=2, h=4),
+    dict(direction="forward", d_shape="h", dt_limit=(0.05, 0.6)),
+    dict(direction="backward", shift=True, bias=False),
+    dict(direction="both", shift=True, d_shape=None, softplus=False),
+    dict(direction="both", g=2, h=4, dt_limit=(0.0, 0.5), sep=True),
+]
+
+
+@pytest.mark.parametrize("q", _QS)
+@pytest.mark.parametrize("which", range(6))
+def test_length_sweep(q, which):
+    lengths = [1, 7, q - 1, q, q + 1, 3 * q + 5]
+    l = lengths[which]
+    opt = dict(_OPTS[(which + _QS.index(q)) % len(_OPTS)])
+    direction = opt.pop("direction")
+    shift = opt.pop("shift", False)
+    args, kw = make_inputs(l=l, seed=l, **opt)
+    kw.update(direction=direction, shift=shift)
+    fi = _first_with_q(FWD_CONFIGS, q) if any(c.kwargs["BLOCK_Q"] == q for c in FWD_CONFIGS) else 0
+    bi = _first_with_q(BWD_CONFIGS, q) if any(c.kwargs["BLOCK_Q"] == q for c in BWD_CONFIGS) else 0
+    check_case(args, kw, fi, bi)
+
+
+# 2. every config forced alone, smaller sweep
+@pytest.mark.parametrize("fi", range(len(FWD_CONFIGS)))
+def test_every_fwd_config(fi):
+    q = _qf(fi)
+    for l, opt in [(q + 3, dict(direction="both", shift=True, sep=True)), (2 * q + 1, dict(direction="both", p=40))]:
+        opt = dict(opt)
+        direction, shift = opt.pop("direction"), opt.pop("shift", False)
+        args, kw = make_inputs(l=l, seed=fi, **opt)
+        kw.update(direction=direction, shift=shift)
+        check_case(args, kw, fi, 0)
+
+
+@pytest.mark.parametrize("bi", range(len(BWD_CONFIGS)))
+def test_every_bwd_config(bi):
+    q = _qb(bi)
+    for l, opt in [(q + 3, dict(direction="both", shift=True, sep=True, g=2, h=4)), (2 * q + 1, dict(direction="both", p=24, n=20))]:
+        opt = dict(opt)
+        direction, shift = opt.pop("direction"), opt.pop("shift", False)
+        args, kw = make_inputs(l=l, seed=bi, **opt)
+        kw.update(direction=direction, shift=shift)
+        check_case(args, kw, 0, bi)
+
+
+# 3. option matrix on the smallest tile
+@pytest.mark.parametrize("direction", ["both", "forward", "backward"])
+@pytest.mark.parametrize("shift", [False, True])
+def test_options(direction, shift):
+    args, kw = make_inputs(b=2, l=45, h=4, g=2, p=16, n=16, d_shape="h" if shift else "hp", dt_limit=(0.1, 0.9))
+    kw.update(direction=direction, shift=shift)
+    check_case(args, kw, 0, 0)
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_separate_bwd_params(shift):
+    args, kw = make_inputs(b=2, l=40, h=2, g=1, sep=True)
+    kw.update(shift=shift)
+    check_case(args, kw, 0, 0)
+
+
+def test_float64():
+    args, kw = make_inputs(l=70, h=4, g=2, dtype=torch.float64, sep=True, dt_limit=(0.125, 2.0))
+    kw.update(shift=True)
+    check_case(args, kw, 0, 0)
+    args, kw = make_inputs(l=37, h=2, dtype=torch.float64, d_shape="h")
+    check_case(args, kw, 0, 0)
+
+
+def test_float16_io():
+    args, kw = make_inputs(l=40, dtype=torch.float16)
+    check_case(args, kw, 0, 0, tol=5e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+def test_deterministic():
+    args, kw = make_inputs(b=2, l=50, h=2, sep=True)
+    kw.update(shift=True)
+    dy = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(3)).to(DEV)
+    y1, g1, _ = run_triton(args, kw, dy, 0, 0)
+    y2, g2, _ = run_triton(args, kw, dy, 0, 0)
+    assert torch.equal(y1, y2)
+    for k in g1:
+        assert torch.equal(g1[k], g2[k]), k
+
+
+def test_gradcheck_float64():
+    args, kw = make_inputs(l=6, h=2, p=3, n=2, dtype=torch.float64, guard=False, sep=True)
+    kw.update(shift=True)
+    names = ["D", "dt_bias", "dt_bwd", "B_bwd", "C_bwd"]
+    tensors = [a.clone().requires_grad_() for a in args] + [kw[k].clone().requires_grad_() for k in names]
+    # A = 0.3 would sit on the clamp's kink; keep A strictly negative for finite differences
+    tensors[2] = (-tensors[2].detach().abs() - 0.1).requires_grad_()
+    # the dt clamp kink at 0 is never hit with softplus; keep it away from the upper limit too
+
+    def f(x, dt, A, B, C, D, bias, dtb, Bb, Cb):
+        with force_config(fwd=0, bwd=0):
+            return bi_ssd_triton(x, dt, A, B, C, D=D, dt_bias=bias, dt_softplus=True, shift=True,
+                                 dt_bwd=dtb, B_bwd=Bb, C_bwd=Cb)
+
+    assert torch.autograd.gradcheck(f, tensors, fast_mode=True, eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def test_adversarial_finite():
+    h = 3
+    args, kw = make_inputs(b=1, l=70, h=h, softplus=True, guard=False)
+    x, dt, A, B, C = args
+    dt = dt.clone()
+    dt[0, :10] = 10.0  # softplus input +10
+    dt[0, 10:20] = 100.0  # dt up to 1e2
+    dt[0, 20:30] = -50.0  # softplus -> ~0
+    A = torch.tensor([-100.0, 0.0, -1.0])
+    x = x.clone()
+    x[0, 30:40] = 0.0
+    B = B.clone()
+    B[0, 40:50] = 0.0
+    for opts in [dict(), dict(shift=True)]:
+        y, grads, ok = run_triton([x, dt, A, B, C], {**kw, **opts}, torch.randn_like(x), 0, 0)
+        assert ok and torch.isfinite(y).all()
+        for k, v in grads.items():
+            assert torch.isfinite(v).all(), k
+    # without softplus, huge raw dt and all-zero inputs
+    kw2 = dict(dt_softplus=False)
+    y, grads, ok = run_triton([x, dt.abs() * 2, A, B, C], kw2, torch.randn_like(x), 0, 0)
+    assert ok and torch.isfinite(y).all() and all(torch.isfinite(v).all() for v in grads.values())
+    zeros = [torch.zeros_like(t) for t in (x, dt, A, B, C)]
+    y, grads, ok = run_triton(zeros, {}, torch.ones_like(x), 0, 0)
+    assert ok and torch.equal(y, torch.zeros_like(y))
+    assert all(torch.isfinite(v).all() for v in grads.values())
+
+
+def test_extreme_values_match_reference():
+    args, kw = make_inputs(l=45, h=2, softplus=True)
+    dt = args[1].clone()
+    dt[0, 5:9] = 10.0
+    dt[0, 20:22] = 30.0
+    args[1] = dt
+    args[2] = torch.tensor([-100.0, -0.5])
+    # decays down to exp(-3000) per step: dA (measured against its cancellation scale) is the
+    # least accurate output in fp32 here; everything else stays within 1e-5
+    check_case(args, kw, 0, 0, tol=1e-4)
+
+
+def test_non_contiguous_inputs():
+    args, kw = make_inputs(l=30, h=2, guard=False)
+    x = args[0].transpose(2, 3).contiguous().transpose(2, 3)  # same values, other strides
+    B = torch.cat([args[3], args[3]], dim=3)[..., : args[3].shape[3]]
+    assert not x.is_contiguous() and not B.is_contiguous()
+    check_case([x, args[1], args[2], B, args[4]], kw, 0, 0)
+
+
+def test_dispatch_and_validation():
+    args, kw = make_inputs(l=20, guard=False)
+    with force_config(0, 0):
+        y1 = bi_ssd(*args, **kw, backend="triton")
+    y2 = bi_ssd(*args, **kw, backend="torch")
+    assert rel_err(y1, y2) < 1e-5
+    with pytest.raises(ValueError, match="dt_bwd"):
+        bi_ssd_triton(*args, dt_bwd=args[1])
+    with pytest.raises(ValueError, match="'A'"):
+        bi_ssd_triton(args[0], args[1], args[2][:1], args[3], args[4])
+
+
+def test_guard_detects_stray_write():
+    """The guard check itself can fail: a write past the end of a buffer is reported."""
+    with triton_op.poison_outputs(True):
+        t = triton_op._alloc((4, 5), torch.float32, DEV)
+        t.fill_(0.0)
+        assert triton_op.check_guards()
+        t = triton_op._alloc((4, 5), torch.float32, DEV)
+        t.fill_(0.0)
+        t.view(-1).as_strided((21,), (1,))[20] = 1.0  # one element past the end
+        assert not triton_op.check_guards()
