@@ -42,7 +42,7 @@ if [[ $MODE == runs || $MODE == all ]]; then
   python3 "$OLDPWD/train.py" model=yolov8n-bimamba.yaml device=0,1 epochs=3 batch=64 workers=4 project=/tmp/runs name=ddp-trainpy exist_ok=True > /tmp/runs-ddp-trainpy.log 2>&1
   echo "ddp-train.py exit $?"; tail -5 /tmp/runs-ddp-trainpy.log
   cp /tmp/runs-*.log /tmp/runs/ 2>/dev/null
-  tar czf "$OUT/train-runs.tgz" -C /tmp runs --exclude='*.pt' --exclude='*.jpg'
+  tar czf "$OUT/train-runs.tgz" --exclude='*.pt' --exclude='*.jpg' -C /tmp runs
 fi
 if [[ $MODE == bench || $MODE == all ]]; then
   cd "$OLDPWD"
