@@ -548,11 +548,11 @@ def test_detector_build_train_swap_reload_export(tmp_path):
     assert _rel(y_pub, y_trained) < 1e-5  # the transcription and our Hydra agree inside the detector
     torch.save(x, tmp_path / "x.pt")
 
-    # 3. swap in a fresh process (CLI), where the published package does not exist
+    # 3. swap in a fresh process (the CLI), where the published package does not exist
     out = _child(
-        "import sys; from yolo_bimamba.swap import cli_main\n"
-        "assert cli_main(['published.pt', 'hydra.pt']) == 0\n"
-        "assert cli_main(['published.pt', 'bimamba2.pt', '--target', 'bimamba2']) == 0\n",
+        "from yolo_bimamba.cli import main\n"  # the `yolo-bimamba swap-hydra` command
+        "assert main(['swap-hydra', 'published.pt', 'hydra.pt']) == 0\n"
+        "assert main(['swap-hydra', 'published.pt', 'bimamba2.pt', '--target', 'bimamba2']) == 0\n",
         tmp_path,
     )
     n_mixers = sum(isinstance(m, Hydra) for m in trained.modules())
