@@ -260,7 +260,7 @@ def _patch_trainer() -> None:
 
     def make_save_metrics(orig):
         def save_metrics(self, metrics):
-            if enabled(self):
+            if _csv_takes_guard_columns(self, enabled(self)):
                 st = state(self)
                 metrics = {**metrics, CSV_SKIPPED: st.skipped_epoch, CSV_SKIPPED_TOTAL: st.skipped}
             return orig(self, metrics)
@@ -277,6 +277,20 @@ def _patch_trainer() -> None:
 
 
 # ------------------------------------------------------------------------------------------------------- trainer glue
+def _csv_takes_guard_columns(trainer, default: bool) -> bool:
+    """Whether results.csv rows get the guard's columns: when the file exists, exactly when its header has them (a
+    resume that switched the guard on or off must not misalign the columns), else when the guard is on."""
+    csv = getattr(trainer, "csv", None)
+    try:
+        if csv is None or not csv.exists():
+            return default
+        with open(csv, encoding="utf-8") as f:
+            header = f.readline()
+    except OSError:
+        return default
+    return CSV_SKIPPED in header
+
+
 def enabled(trainer) -> bool:
     return bool(getattr(trainer.args, "nan_guard", True))
 
@@ -345,7 +359,7 @@ def attach(trainer) -> None:
 def _on_train_start(trainer):
     st = state(trainer)
     st.need_snapshot = True
-    if enabled(trainer) and getattr(trainer.args, "resume", False):
+    if getattr(trainer.args, "resume", False):
         try:  # keep the run's total across a resume
             col = trainer.read_results_csv().get(CSV_SKIPPED_TOTAL)
             if col:
@@ -595,18 +609,23 @@ def _snapshot_bn(trainer, st):
         st.bn_model_id, st.bn_live = id(model), live
         st.bn_saved = [b.detach().clone() for b in live]
         return
-    with torch.no_grad():
-        for s, b in zip(st.bn_saved, live):
-            s.copy_(b)
+    _copy_all(st.bn_saved, live)
 
 
 def _restore_bn(trainer, st):
     """Copy the snapshot back IN PLACE (ModelEMA keeps references to the model's tensors)."""
     if not st.bn_live or st.bn_model_id != id(_unwrap(trainer.model)):
         return
+    _copy_all(st.bn_live, st.bn_saved)
+
+
+def _copy_all(dst, src):
     with torch.no_grad():
-        for s, b in zip(st.bn_saved, st.bn_live):
-            b.copy_(s)
+        if hasattr(torch, "_foreach_copy_"):  # one call instead of one launch per buffer
+            torch._foreach_copy_(dst, src)
+        else:
+            for d, s in zip(dst, src):
+                d.copy_(s)
 
 
 # ------------------------------------------------------------------------------------------------------ checkpoints
