@@ -6,7 +6,6 @@ The yardstick is tests/hydra_published.py, a transcription of the published Hydr
 from __future__ import annotations
 
 import copy
-import io
 import json
 import os
 import subprocess
