@@ -22,7 +22,6 @@ import math
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -299,9 +298,10 @@ def test_nan_grad_and_forward_nan_then_resume(env):
 
     run2 = Run(inject=[(2, 0, "nan")])
     yolo = run2.attach(YOLO(str(tr.last)))
-    yolo.train(resume=True)
+    yolo.train(resume=True, nan_debug=True)  # the guard's switches may change on resume
     tr2 = yolo.trainer
-    assert tr2.start_epoch == 2 and tr2.args.nan_guard is True
+    assert tr2.start_epoch == 2 and tr2.args.nan_guard is True and tr2.args.nan_debug is True
+    assert tr2.guard.debug_backward == f"parameter '{PARAM}'"
     assert sorted(run2.records) == [(2, 0), (2, 1), (2, 2)]
     assert all(r["model_finite"] and r["ema_finite"] for r in run2.records.values())
     assert tr2.guard.skipped == 3 and tr2.guard.skipped_epoch == 1
@@ -514,10 +514,23 @@ from types import SimpleNamespace
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 sys.path.insert(0, {repo!r})
 
-import yolo_bimamba.guard as guard  # imported once in the parent; the workers are forked
-guard.install()
+# 1) bootstrap as in Ultralytics' DDP worker script: it unpickles the parent's callbacks before building its trainer;
+#    unpickling the guard's callbacks installs the guard, so the parent's args (with the guard's keys) validate.
+from ultralytics.utils import DEFAULT_CFG_DICT
+from ultralytics.utils.patches import torch_load
+from ultralytics.cfg import get_cfg
+assert "nan_guard" not in DEFAULT_CFG_DICT
+state = torch_load(sys.argv[3], map_location="cpu")
+cfg = DEFAULT_CFG_DICT.copy()
+cfg.update(save_dir="")
+args = get_cfg(cfg, state["args"])
+assert args.nan_guard is False and args.clip_max_norm == 2.0
 from ultralytics.engine.trainer import BaseTrainer
+assert getattr(BaseTrainer.optimizer_step, "_yolo_bimamba_guard", False)
+import yolo_bimamba.guard as guard
 from ultralytics.utils.torch_utils import ModelEMA
+
+# 2) two forked gloo ranks with a DDP model
 
 def worker(rank, world, init, out):
     torch.set_num_threads(1)
@@ -555,20 +568,35 @@ if __name__ == "__main__":
 """
 
 
-def test_ddp_all_ranks_take_the_same_decision(tmp_path):
-    """Two gloo processes with a DDP model: only rank 1's gradient is non-finite, both ranks skip the step."""
+def test_ddp_worker_bootstrap_and_all_ranks_take_the_same_decision(env, tmp_path):
+    """(1) The state file written by Ultralytics' own generate_ddp_file, loaded in a fresh process, installs the guard
+    before the worker's trainer config is validated. (2) Two gloo processes with a DDP model: only rank 1's gradient
+    is non-finite, both ranks skip the step."""
     import json
 
+    from ultralytics.utils.callbacks import get_default_callbacks
+    from ultralytics.utils.dist import generate_ddp_file
+
+    stand_in = SimpleNamespace(callbacks=get_default_callbacks(), model=torch.nn.Linear(2, 2),
+                               args=SimpleNamespace(**{**BASE, **guard.GUARD_DEFAULTS}))
+    guard.attach(stand_in)  # what the patched BaseTrainer.__init__ does
+    stand_in.args.nan_guard, stand_in.args.clip_max_norm = False, 2.0
+    file = Path(generate_ddp_file(stand_in))
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT.format(repo=str(REPO)))
-    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "0"}
-    env.pop("RANK", None)
-    env.pop("LOCAL_RANK", None)
-    subprocess.run([sys.executable, str(script), str(tmp_path / "init"), str(tmp_path / "res")], check=True, env=env,
-                   timeout=300)
+    environ = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "0"}
+    environ.pop("RANK", None)
+    environ.pop("LOCAL_RANK", None)
+    try:
+        subprocess.run([sys.executable, str(script), str(tmp_path / "init"), str(tmp_path / "res"),
+                        str(file.with_suffix(".pt"))], check=True, env=environ, timeout=300)
+    finally:
+        file.unlink(missing_ok=True)
+        file.with_suffix(".pt").unlink(missing_ok=True)
     r = [json.loads((tmp_path / f"res{k}").read_text()) for k in (0, 1)]
     for x in r:
         assert x["flag_any"] is True and x["flag_none"] is False
         assert x["unchanged_after_bad"] and x["skipped"] == 1 and x["ema_updates"] == 0
         assert x["changed_after_good"] and x["steps"] == 2
     assert r[0]["w"] == r[1]["w"]  # ranks stay in sync
+

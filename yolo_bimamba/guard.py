@@ -472,11 +472,11 @@ def _foreach_ok(trainer):
     return not (trainer.device.type == "npu")  # Ultralytics clips with foreach=False on NPU
 
 
-def total_grad_norm(params, foreach=None):
+def total_grad_norm(params, foreach=None, device=None):
     """2-norm over all gradients (a 0-dim tensor, not synchronised)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return torch.zeros(())
+        return torch.zeros((), device=device)  # on the trainer's device: NCCL reduces only CUDA tensors
     if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
         return torch.nn.utils.get_total_norm(grads, 2.0, error_if_nonfinite=False, foreach=foreach)
     norms = [torch.linalg.vector_norm(g.detach(), 2.0) for g in grads]
@@ -523,7 +523,7 @@ def _guarded_step(trainer):
     scaler.unscale_(optimizer)
     params = list(trainer.model.parameters())
     foreach = None if _foreach_ok(trainer) else False
-    total = total_grad_norm(params, foreach=foreach)
+    total = total_grad_norm(params, foreach=foreach, device=trainer.device)
     local_bad = ~torch.isfinite(total)
     bad = any_rank(local_bad)
     st.need_snapshot = True  # the next batch opens a new accumulation window
