@@ -514,16 +514,25 @@ from types import SimpleNamespace
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 sys.path.insert(0, {repo!r})
 
-# 1) bootstrap as in Ultralytics' DDP worker script: it unpickles the parent's callbacks before building its trainer;
-#    unpickling the guard's callbacks installs the guard, so the parent's args (with the guard's keys) validate.
+# 1) bootstrap as in the DDP worker script written by Ultralytics' generate_ddp_file: 8.4 unpickles the parent's
+#    callbacks (the guard's install it) before building the trainer from the parent's args; 8.3 only runs the
+#    script's own top level (the guard prepends an install there).
+import runpy
+from pathlib import Path
 from ultralytics.utils import DEFAULT_CFG_DICT
-from ultralytics.utils.patches import torch_load
 from ultralytics.cfg import get_cfg
 assert "nan_guard" not in DEFAULT_CFG_DICT
-state = torch_load(sys.argv[3], map_location="cpu")
+ddp_file = Path(sys.argv[3])
+if ddp_file.with_suffix(".pt").exists():  # 8.4
+    from ultralytics.utils.patches import torch_load
+    overrides = torch_load(ddp_file.with_suffix(".pt"), map_location="cpu")["args"]
+    assert "nan_guard" in DEFAULT_CFG_DICT  # installed by unpickling the callbacks alone
+    runpy.run_path(str(ddp_file), run_name="ddp_probe")
+else:  # 8.3: the args are a literal in the script
+    overrides = runpy.run_path(str(ddp_file), run_name="ddp_probe")["overrides"]
 cfg = DEFAULT_CFG_DICT.copy()
 cfg.update(save_dir="")
-args = get_cfg(cfg, state["args"])
+args = get_cfg(cfg, overrides)
 assert args.nan_guard is False and args.clip_max_norm == 2.0
 from ultralytics.engine.trainer import BaseTrainer
 assert getattr(BaseTrainer.optimizer_step, "_yolo_bimamba_guard", False)
@@ -577,8 +586,8 @@ def test_ddp_worker_bootstrap_and_all_ranks_take_the_same_decision(env, tmp_path
     from ultralytics.utils.callbacks import get_default_callbacks
     from ultralytics.utils.dist import generate_ddp_file
 
-    stand_in = SimpleNamespace(callbacks=get_default_callbacks(), model=torch.nn.Linear(2, 2),
-                               args=SimpleNamespace(**{**BASE, **guard.GUARD_DEFAULTS}))
+    stand_in = SimpleNamespace(callbacks=get_default_callbacks(), model=torch.nn.Linear(2, 2), hub_session=None,
+                               args=SimpleNamespace(**{**BASE, **guard.GUARD_DEFAULTS, "model": env.model}))
     guard.attach(stand_in)  # what the patched BaseTrainer.__init__ does
     stand_in.args.nan_guard, stand_in.args.clip_max_norm = False, 2.0
     file = Path(generate_ddp_file(stand_in))
@@ -588,8 +597,8 @@ def test_ddp_worker_bootstrap_and_all_ranks_take_the_same_decision(env, tmp_path
     environ.pop("RANK", None)
     environ.pop("LOCAL_RANK", None)
     try:
-        subprocess.run([sys.executable, str(script), str(tmp_path / "init"), str(tmp_path / "res"),
-                        str(file.with_suffix(".pt"))], check=True, env=environ, timeout=300)
+        subprocess.run([sys.executable, str(script), str(tmp_path / "init"), str(tmp_path / "res"), str(file)],
+                       check=True, env=environ, timeout=300)
     finally:
         file.unlink(missing_ok=True)
         file.with_suffix(".pt").unlink(missing_ok=True)

@@ -118,6 +118,7 @@ def install() -> None:
         return
     _register_cfg_keys()
     _patch_trainer()
+    _patch_ddp_file()
     _installed = True
 
 
@@ -132,7 +133,10 @@ def uninstall() -> None:
             setattr(BaseTrainer, name, fn.__wrapped__)
     import ultralytics.cfg as ucfg
     import ultralytics.utils as uu
+    import ultralytics.utils.dist as udist
 
+    if getattr(udist.generate_ddp_file, _MARK, False):
+        udist.generate_ddp_file = udist.generate_ddp_file.__wrapped__
     for k in GUARD_DEFAULTS:
         uu.DEFAULT_CFG_DICT.pop(k, None)
         if k in vars(uu.DEFAULT_CFG):
@@ -178,6 +182,43 @@ def _register_cfg_keys() -> None:
             setattr(ucfg, set_name, cur | frozenset(names))
     if isinstance(getattr(ucfg, "CFG_INT_MIN", None), dict):
         ucfg.CFG_INT_MIN.setdefault("nan_guard_max_skips", 0)
+
+
+_DDP_PROLOGUE = """# yolo-bimamba: install the non-finite step guard before the trainer validates its arguments
+import sys as _yb_sys
+if {root!r} not in _yb_sys.path:
+    _yb_sys.path.append({root!r})
+import yolo_bimamba.guard as _yb_guard
+_yb_guard.install()
+"""
+
+
+def _patch_ddp_file() -> None:
+    """Multi-GPU runs start workers from a script Ultralytics writes (utils.dist.generate_ddp_file). In 8.3 that script
+    only imports the trainer class and passes the parent's args, which hold the guard's keys, so a worker without the
+    guard would reject them: a prologue that installs the guard is prepended to the script. (8.4 unpickles the
+    parent's callbacks first, which installs the guard too, see _Callback.)"""
+    import ultralytics.utils.dist as udist
+
+    orig = getattr(udist, "generate_ddp_file", None)
+    if orig is None or getattr(orig, _MARK, False):
+        return
+    from pathlib import Path
+
+    def generate_ddp_file(trainer):
+        file = orig(trainer)
+        try:
+            path = Path(file)
+            root = str(Path(__file__).resolve().parents[1])  # the folder holding the yolo_bimamba package
+            path.write_text(_DDP_PROLOGUE.format(root=root) + path.read_text(encoding="utf-8"), encoding="utf-8")
+        except OSError as e:
+            _log("warning", f"nan_guard: could not prepare the DDP worker script {file}: {e}")
+        return file
+
+    generate_ddp_file.__wrapped__ = orig
+    generate_ddp_file.__doc__ = orig.__doc__
+    setattr(generate_ddp_file, _MARK, True)
+    udist.generate_ddp_file = generate_ddp_file
 
 
 def _wrap(cls, name, make):
