@@ -62,7 +62,8 @@ def make_inputs(b=1, l=9, h=2, p=16, n=16, g=1, dtype=torch.float32, seed=0, d_s
 def _leaf(v, dtype=None):
     if not torch.is_tensor(v):
         return v
-    v = v.detach().clone() if dtype is None else v.detach().to(dtype)
+    # detach() keeps the view into the NaN-guarded buffer (a clone would drop the guard)
+    v = v.detach() if dtype is None else v.detach().to(dtype)
     return v.requires_grad_()
 
 

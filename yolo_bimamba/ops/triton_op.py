@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_kernels import BWD_CONFIGS, FWD_CONFIGS, _bi_ssd_bwd_kernel, _bi_ssd_fwd_kernel
+from .triton_kernels import BWD_CONFIGS, FWD_CONFIGS, _bi_ssd_bwd_kernel, _bi_ssd_fwd_kernel, prune_bwd_configs
 from .validate import validate_bi_ssd
 
 __all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS"]
@@ -26,7 +26,10 @@ _POISON = os.environ.get("YOLO_BIMAMBA_POISON", "0") not in ("", "0")
 
 _KEY = ["P", "N", "DO_F", "DO_B", "SHIFT", "HAS_D", "D_PER_P", "HAS_BIAS", "SOFTPLUS", "COMPUTE"]
 _fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=_KEY)(_bi_ssd_fwd_kernel)
-_bwd_tuned = triton.autotune(configs=BWD_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD"])(_bi_ssd_bwd_kernel)
+_bwd_tuned = triton.autotune(
+    configs=BWD_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD"],
+    prune_configs_by={"early_config_prune": prune_bwd_configs},
+)(_bi_ssd_bwd_kernel)
 
 
 @contextlib.contextmanager
