@@ -67,5 +67,5 @@ def bi_ssd(
     if use_triton:
         from .triton_op import bi_ssd_triton
 
-        return bi_ssd_triton(x, dt, A, B, C, **kwargs)
+        return bi_ssd_triton(x, dt, A, B, C, validate=False, **kwargs)  # validated above
     return bi_ssd_torch(x, dt, A, B, C, **kwargs)
