@@ -5,9 +5,14 @@ Why: in Ultralytics' trainer one NaN/Inf gradient poisons the whole model and it
 ``nan_to_num_`` has silently zeroed every poisoned tensor. Under fp16 AMP the GradScaler hides the problem by
 skipping such steps; fp32 and bf16 have no such protection.
 
-``install()`` (idempotent, called by ``yolo_bimamba.ultralytics_glue`` when ``yolo_bimamba`` is imported) makes the
-guard active for EVERY Ultralytics trainer created while ``yolo_bimamba`` is imported; ``nan_guard=False`` switches
-it off, after which training is exactly Ultralytics' (the original methods run; only ``clip_max_norm`` is honoured).
+``install()`` (idempotent; ``yolo_bimamba.ultralytics_glue.register()`` calls it, and ``import yolo_bimamba`` calls
+that) makes the guard active for EVERY Ultralytics trainer created in a process where ``yolo_bimamba`` is imported -
+models with our blocks and stock models alike. ``nan_guard=False`` switches it off, after which training is exactly
+Ultralytics' (the original methods run; only a non-default ``clip_max_norm`` is honoured). ``uninstall()`` undoes it.
+Patched: ``BaseTrainer.__init__`` (adds the guard's callbacks and ``trainer.guard``), ``check_resume`` (the guard's
+switches may change when resuming), ``optimizer_step``, ``save_model``, ``save_metrics``, ``_handle_nan_recovery``,
+and ``ultralytics.utils.dist.generate_ddp_file`` (DDP workers install the guard before validating the parent's args;
+in 8.4 unpickling the guard's callbacks does it as well).
 
 New training arguments (CLI ``yolo train ... key=value``, cfg YAML, ``model.train(key=value)``):
 
@@ -50,20 +55,27 @@ train loss columns stay finite.
 Checkpoints: before ``save_model`` the EMA and the optimizer state (what a checkpoint holds) are checked; if either
 holds a non-finite value nothing is written (the previous last.pt/best.pt stay, ``guard.refused_saves`` counts it)
 and an error is logged - Ultralytics' ``nan_to_num_`` can then never zero a poisoned tensor. Non-finite live model
-weights are logged as a warning. Known limit: values beyond the fp16 range in finite fp32
-state are clamped by Ultralytics 8.4 but would overflow to inf in 8.3 checkpoints and in the fp16 optimizer state.
+weights are logged as a warning. Known limit: finite fp32 values beyond the fp16 range (65504) are clamped by
+Ultralytics 8.4 when it converts the EMA to fp16, but would become inf in 8.3 checkpoints and in the fp16 copy of
+the optimizer state (8.3 and 8.4).
 
 What is NOT caught: a step with finite gradients that drives weights to inf (absurd learning rate). The following
 steps then have non-finite gradients and the run stops after ``nan_guard_max_skips``; checkpoints stay clean.
 Ultralytics' NaN recovery (reload last.pt when the epoch's last loss is NaN) is bypassed when the guard handles that
 batch and the EMA, weights and optimizer state are finite (it would only throw away an epoch).
 
-Supported: Ultralytics 8.4 (read against 8.4.190) and the 8.3 line (same method names; loss items as tensor).
+Fault injection for tests (see tests/test_guard.py): a one-shot ``Tensor.register_hook`` on a parameter, registered
+at ``on_train_batch_start``, poisons the gradient autograd accumulates into ``param.grad`` before ``optimizer_step``
+runs; a one-shot forward hook (``prepend=True``) poisons a module's output.
+
+Supported: Ultralytics 8.4 (read against 8.4.190) and the 8.3 line (tests pass with 8.3.253: same method names, loss
+items as one tensor, on_model_save fired even when nothing was saved, a DDP script without pickled callbacks).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -109,49 +121,50 @@ class GuardState:
 
 # ----------------------------------------------------------------------------------------------------------- install
 _installed = False
+_lock = threading.RLock()
 
 
 def install() -> None:
     """Register the guard's config keys and patch ``BaseTrainer`` (idempotent; safe to call many times)."""
     global _installed
-    if _installed:
-        return
-    _register_cfg_keys()
-    _patch_trainer()
-    _patch_ddp_file()
-    _installed = True
+    with _lock:
+        if _installed:
+            return
+        _register_cfg_keys()
+        _patch_trainer()
+        _patch_ddp_file()
+        _installed = True
 
 
 def uninstall() -> None:
-    """Undo ``install()``: restore the original ``BaseTrainer`` methods and remove the config keys."""
+    """Undo ``install()``: restore the original methods and remove the config keys (trainers keep their callbacks,
+    which do nothing without the patched methods' state)."""
     global _installed
-    from ultralytics.engine.trainer import BaseTrainer
-
-    for name in _PATCHED:
-        fn = BaseTrainer.__dict__.get(name)
-        if getattr(fn, _MARK, False):
-            setattr(BaseTrainer, name, fn.__wrapped__)
     import ultralytics.cfg as ucfg
     import ultralytics.utils as uu
     import ultralytics.utils.dist as udist
+    from ultralytics.engine.trainer import BaseTrainer
 
-    if getattr(udist.generate_ddp_file, _MARK, False):
-        udist.generate_ddp_file = udist.generate_ddp_file.__wrapped__
-    for k in GUARD_DEFAULTS:
-        uu.DEFAULT_CFG_DICT.pop(k, None)
-        if k in vars(uu.DEFAULT_CFG):
-            delattr(uu.DEFAULT_CFG, k)
-    for set_name, keys in _KEY_TYPES.items():
-        cur = getattr(ucfg, set_name, None)
-        if isinstance(cur, (set, frozenset)):
-            new = set(cur) - set(keys)
+    with _lock:
+        for name in _PATCHED:
+            fn = BaseTrainer.__dict__.get(name)
+            if getattr(fn, _MARK, False):
+                setattr(BaseTrainer, name, fn.__wrapped__)
+        if getattr(udist.generate_ddp_file, _MARK, False):
+            udist.generate_ddp_file = udist.generate_ddp_file.__wrapped__
+        for k in GUARD_DEFAULTS:
+            uu.DEFAULT_CFG_DICT.pop(k, None)
+            if k in vars(uu.DEFAULT_CFG):
+                delattr(uu.DEFAULT_CFG, k)
+        for set_name, keys in _KEY_TYPES.items():
+            cur = getattr(ucfg, set_name, None)
             if isinstance(cur, set):
                 cur.difference_update(keys)
-            else:
-                setattr(ucfg, set_name, frozenset(new))
-    if isinstance(getattr(ucfg, "CFG_INT_MIN", None), dict):
-        ucfg.CFG_INT_MIN.pop("nan_guard_max_skips", None)
-    _installed = False
+            elif isinstance(cur, frozenset):
+                setattr(ucfg, set_name, cur - frozenset(keys))
+        if isinstance(getattr(ucfg, "CFG_INT_MIN", None), dict):
+            ucfg.CFG_INT_MIN.pop("nan_guard_max_skips", None)
+        _installed = False
 
 
 def is_installed() -> bool:
