@@ -97,8 +97,10 @@ def test_gradcheck_float64():
     assert torch.autograd.gradcheck(f, tensors, fast_mode=True)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("case", ["huge_dt", "tiny_dt", "A_zero", "A_very_negative", "long", "zeros", "constant"])
-def test_adversarial_inputs_stay_finite(case):
+def test_adversarial_inputs_stay_finite(case, backend):
+    """Issue 5's adversarial matrix, on the PyTorch op and (under the interpreter on CPU) the Triton kernels."""
     L = 3000 if case == "long" else 50
     args, kw = make_inputs(b=1, L=L, h=2, p=4, g=1, n=4, dtype=torch.float32, requires_grad=False)
     x, dt, A, B, C = args
@@ -118,7 +120,7 @@ def test_adversarial_inputs_stay_finite(case):
     ts = [x, dt, A, B, C, kw["D"], kw["dt_bias"]]
     for t in ts:
         t.requires_grad_(True)
-    y = bi_ssd(x, dt, A, B, C, chunk_size=64, backend="torch", **kw)
+    y = bi_ssd(x, dt, A, B, C, chunk_size=64, backend=backend, **kw)
     grads = torch.autograd.grad(y.square().mean(), ts)
     assert torch.isfinite(y).all()
     for g in grads:
