@@ -95,7 +95,9 @@ def test_blocks_scale_like_c2f(block, scale):
     for i, (row, a, b) in enumerate(zip(rows, ours, ref)):
         assert (a.i, a.f) == (b.i, b.f) == (i, row[0])
         if row[2] != block:
-            assert type(a) is type(b) and a.np == b.np == sum(p.numel() for p in a.parameters())
+            # (Ultralytics 8.3.0 stores np on the class, not the layer: compare real counts)
+            assert type(a) is type(b)
+            assert sum(p.numel() for p in a.parameters()) == sum(p.numel() for p in b.parameters())
             continue
         n_blocks += 1
         assert type(a) is cls and type(b) is C2f
@@ -175,7 +177,7 @@ def test_yaml_names_resolve_from_any_directory(tmp_path, monkeypatch):
     train = Path(data["train"])
     assert train.is_absolute() and len(list(train.glob("*.png"))) == 48
     assert len(list(Path(data["val"]).glob("*.png"))) == 16
-    assert check_det_dataset("digits-tiny")["train"] == data["train"]  # bare name, as Ultralytics allows
+    assert check_det_dataset("digits-tiny")["train"] == data["train"]  # bare dataset name
     # a descriptor given by path is built too
     assert check_det_dataset(str(REPO / "cfg" / "digits-tiny.yaml"))["train"] == data["train"]
     # a local file of the same name wins over ours

@@ -204,12 +204,16 @@ def resolve_name(file) -> str | None:
     s = str(file).strip()
     if not s or "://" in s or os.path.exists(s) or Path(s).name != s:
         return None
-    cand = cfg_dir() / s
-    if not cand.is_file():
-        return None
     from .data import resolve_data_yaml
 
-    return resolve_data_yaml(cand) or str(cand)
+    cand = cfg_dir() / s
+    if cand.is_file():
+        return resolve_data_yaml(cand) or str(cand)
+    if not Path(s).suffix:  # bare dataset name (data=digits), as Ultralytics 8.4 allows for its own datasets
+        cand = cfg_dir() / f"{s}.yaml"
+        if cand.is_file():
+            return resolve_data_yaml(cand)  # None (no match) unless it is one of our dataset descriptors
+    return None
 
 
 def _wrap_check_file(original):
