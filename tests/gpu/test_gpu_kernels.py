@@ -186,15 +186,35 @@ def cached_reference(key, make):
     return _REF_CACHE[key]
 
 
-def accuracy_case(s, dtype, *, seed, label, hydra=False, extra=None, **mk):
+def _op_module():
+    if BACKEND != "triton":
+        return None
+    from yolo_bimamba.ops import triton_op
+
+    return triton_op
+
+
+def poisoned_run(inp, dy, opts, dtype, forcer=contextlib.nullcontext, **extra):
+    """One run with NaN-poisoned memory: the caching allocator's free blocks, and (the op's test hook)
+    every output / gradient buffer inside NaN guard regions that must stay untouched."""
+    poison_allocator(4 * io_bytes(inp, dtype) + (64 << 20))
+    to = _op_module()
+    hook = to.poison_outputs(True) if to is not None and hasattr(to, "poison_outputs") else contextlib.nullcontext()
+    with hook, forcer():
+        out = run(inp, dy, opts, dtype, backend=BACKEND, **extra)
+    if to is not None and hasattr(to, "check_guards"):
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        assert to.check_guards(), "a kernel wrote outside its output buffers (NaN guard regions changed)"
+    return out
+
+
+def accuracy_case(s, dtype, *, seed, label, hydra=False, extra=None, forcer=contextlib.nullcontext, **mk):
     extra = extra or {}
     inp, dy, opts = make_inputs(s, seed=seed, hydra=hydra, **mk)
     key = (label, _sid(s), seed, hydra, repr(sorted(extra.items())), repr(sorted(mk.items())))
     ref = cached_reference(key, lambda: reference(inp, dy, opts, **extra))
-    outs = []
-    for _ in range(2):
-        poison_allocator(4 * io_bytes(inp, dtype) + (64 << 20))
-        outs.append(run(inp, dy, opts, dtype, backend=BACKEND, **extra))
+    outs = [poisoned_run(inp, dy, opts, dtype, forcer=forcer, **extra) for _ in range(2)]
     check(outs[0], ref, dtype, f"{label} {_sid(s)} {dtype}")
     check_repeatable(outs[0], outs[1], f"{label} {_sid(s)} {dtype}")
 
@@ -210,13 +230,30 @@ def _backend_present():
 
 
 # ------------------------------------------------------------------------------------------
-# accuracy and repeatability at the target shapes
+# Tests are grouped by the kernel specialisation they compile (flags, dtype, and whether L is a
+# multiple of 16): with ``-n N --dist loadgroup`` (pytest-xdist) each group's autotuning compiles
+# happen once, in one worker, in parallel with the other groups. Sequence lengths are multiples of
+# 16 but not of every tile (400, 1200: partial last tiles) except where an odd L is the point.
 # ------------------------------------------------------------------------------------------
 
-_CASES = [(s, dt) for s in DET_SHAPES for dt in DTYPES] + [(LM_SHAPE, dt) for dt in DTYPES]
+def group(name, dtype):
+    return pytest.mark.xdist_group(f"{name}-{str(dtype)[6:]}")
 
 
-@pytest.mark.parametrize("s,dtype", _CASES, ids=[f"{_sid(s)}-{str(d)[6:]}" for s, d in _CASES])
+def _p(cases):
+    """[(args..., dtype)] -> pytest params with the dtype's xdist group and readable ids."""
+    out = []
+    for grp, args, dtype, cid in cases:
+        out.append(pytest.param(*args, dtype, marks=group(grp, dtype), id=f"{cid}-{str(dtype)[6:]}"))
+    return out
+
+
+# accuracy and repeatability at the target shapes ------------------------------------------
+_ACC = [("both", (s,), dt, _sid(s)) for dt in DTYPES for s in DET_SHAPES] + \
+       [("lm", (LM_SHAPE,), dt, _sid(LM_SHAPE)) for dt in DTYPES]
+
+
+@pytest.mark.parametrize("s,dtype", _p(_ACC))
 def test_accuracy_and_repeatability(s, dtype):
     accuracy_case(s, dtype, seed=1, label="both")
 
@@ -224,37 +261,34 @@ def test_accuracy_and_repeatability(s, dtype):
 DET = _shape(16, 1600, 8, 64, 64)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("direction,dtype", _p([(d, (d,), dt, d) for dt in DTYPES for d in ("forward", "backward")]))
 def test_single_direction(direction, dtype):
     accuracy_case(DET, dtype, seed=2, label=direction, extra={"direction": direction})
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-def test_groups_and_channel_D_and_dt_limit(dtype):
-    s = dict(_shape(16, 1637, 8, 64, 64, g=2))
-    accuracy_case(s, dtype, seed=3, label="g2-Dhp-limit", D_per_channel=True, dt_limit=(0.01, 0.3))
 
 
 HYDRA_SHAPES = [_shape(16, 1600, 8, 64, 64), _shape(16, 400, 4, 64, 64), _shape(16, 6400, 8, 64, 64)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-@pytest.mark.parametrize("s", HYDRA_SHAPES, ids=_sid)
+@pytest.mark.parametrize("s,dtype", _p([("hydra", (s,), dt, _sid(s)) for dt in DTYPES for s in HYDRA_SHAPES]))
 def test_hydra_mode(s, dtype):
     accuracy_case(s, dtype, seed=4, label="hydra", hydra=True, extra={"shift": True})
 
 
-# ------------------------------------------------------------------------------------------
-# every config of every kernel, forced one at a time
-# ------------------------------------------------------------------------------------------
+# odd L, ngroups 2, D per channel, dt_limit; then every config forced at the same specialisation
+ODD = _shape(4, 1637, 8, 64, 64, g=2)
+
+
+@pytest.mark.parametrize("dtype", _p([("odd", (), dt, "g2-Dhp-limit") for dt in DTYPES]))
+def test_odd_length_groups_channel_D_dt_limit(dtype):
+    accuracy_case(ODD, dtype, seed=3, label="g2-Dhp-limit", D_per_channel=True, dt_limit=(0.01, 0.3))
+
 
 def config_forcers():
     """[(label, context manager factory)] for every config of every kernel (kernel helper's API).
 
-    Discovered from yolo_bimamba.ops.triton_op: ``force_config(fwd=i, bwd=j)`` with
-    ``triton_kernels.FWD_CONFIGS`` / ``BWD_CONFIGS``. Each forward config is paired with a backward
-    config (cycling the shorter list), so every config of each list runs at least once.
+    ``triton_op.force_config(fwd=i, bwd=j)`` with ``FWD_CONFIGS`` / ``BWD_CONFIGS``: each forward
+    config is paired with a backward config (cycling the shorter list), so every config of each
+    list runs at least once.
     """
     if BACKEND != "triton":
         return [("default", contextlib.nullcontext)]
@@ -269,39 +303,28 @@ def config_forcers():
     return out
 
 
-def _forcer_ids():
-    try:
-        return config_forcers()
-    except Exception as exc:  # noqa: BLE001 - reported as a failing test below, never skipped
-        return [("config-discovery-failed", exc)]
+try:
+    _FORCERS = config_forcers()
+except Exception as _exc:  # noqa: BLE001 - reported as a failing test below, never skipped
+    _FORCERS = [("config-discovery-failed", _exc)]
 
 
-_FORCERS = _forcer_ids()
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-@pytest.mark.parametrize("label,forcer", _FORCERS, ids=[f[0] for f in _FORCERS])
+@pytest.mark.parametrize("label,forcer,dtype", _p([("odd", (lb, f), dt, lb) for dt in DTYPES for lb, f in _FORCERS]))
 def test_every_config(label, forcer, dtype):
     if isinstance(forcer, Exception):
         raise forcer
-    s = _shape(4, 1637, 8, 64, 64, g=2)  # L not a multiple of any block
-    for hydra in (False, True):
-        extra = {"shift": True} if hydra else {}
-        inp, dy, opts = make_inputs(s, seed=5, hydra=hydra, D_per_channel=True)
-        ref = cached_reference(("cfg", hydra), lambda: reference(inp, dy, opts, **extra))
-        outs = []
-        for _ in range(2):
-            poison_allocator(4 * io_bytes(inp, dtype) + (64 << 20))
-            with forcer():
-                outs.append(run(inp, dy, opts, dtype, backend=BACKEND, **extra))
-        what = f"config {label} {'hydra' if hydra else 'both'} {dtype}"
-        check(outs[0], ref, dtype, what)
-        check_repeatable(outs[0], outs[1], what)
+    accuracy_case(ODD, dtype, seed=3, label=f"config {label}", forcer=forcer, D_per_channel=True, dt_limit=(0.01, 0.3))
 
 
-# ------------------------------------------------------------------------------------------
-# stress inputs
-# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("label,forcer,dtype", _p([("odd-hydra", (lb, f), dt, lb) for dt in DTYPES for lb, f in _FORCERS]))
+def test_every_config_hydra(label, forcer, dtype):
+    if isinstance(forcer, Exception):
+        raise forcer
+    accuracy_case(ODD, dtype, seed=5, label=f"config {label} hydra", forcer=forcer, hydra=True,
+                  extra={"shift": True}, D_per_channel=True)
+
+
+# stress inputs ------------------------------------------------------------------------------
 
 def _uniform(lo, hi):
     return lambda gen, shape: (torch.rand(shape, generator=gen) * (hi - lo) + lo).to(torch.bfloat16).float()
@@ -311,31 +334,61 @@ STRESS = {
     # softplus input up to +10: dt_raw + dt_bias spans about [-10, +10]
     "softplus-input-10": dict(dt_raw=_uniform(-10.0, 10.0)),
     # dt up to 1e2 (no softplus) with A down to -1e2
-    "dt-1e2-A-1e2": dict(dt_raw=_uniform(0.0, 100.0), dt_softplus=False,
-                         A=-torch.logspace(-2, 2, 8)),
-    # tiny decays everywhere (dt*A ~ -1e4) next to none at all (A = 0 in some heads)
-    "A-zero-and-huge": dict(dt_raw=_uniform(0.0, 100.0), dt_softplus=False,
-                            A=torch.tensor([0.0, -100.0, 0.0, -1e-4, -100.0, -1.0, 0.0, -50.0])),
+    "dt-1e2-A-1e2": dict(dt_raw=_uniform(1e-3, 100.0), dt_softplus=False, A=-torch.logspace(-2, 2, 8)),
+    # decays of exp(-1e4) next to none at all (A ~ 0 in some heads; exact 0 is a clamp boundary,
+    # tested on its own in test_clamp_boundary_gradients)
+    "A-zero-and-huge": dict(dt_raw=_uniform(1e-3, 100.0), dt_softplus=False,
+                            A=torch.tensor([-1e-12, -100.0, -1e-12, -1e-4, -100.0, -1.0, -1e-12, -50.0])),
 }
+STRESS_SHAPE = _shape(4, 1200, 8, 64, 64)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-@pytest.mark.parametrize("name", list(STRESS))
-def test_stress_values(name, dtype):
-    s = _shape(4, 1637, 8, 64, 64)
-    mk = dict(STRESS[name])
-    if SMALL and "A" in mk:
+def _stress_kw(name, s):
+    mk = dict(STRESS[name]) if name != "normal" else {}
+    if "A" in mk:
         mk["A"] = mk["A"][: s["h"]]
-    for hydra in (False, True):
-        accuracy_case(s, dtype, seed=6, label=f"stress-{name}{'-hydra' if hydra else ''}", hydra=hydra,
-                      extra={"shift": True} if hydra else {}, **mk)
+    return mk
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-@pytest.mark.parametrize("name", ["normal", "softplus-input-10", "dt-1e2-A-1e2"])
+def _stress_group(name, hydra):
+    base = "both" if name in ("normal", "softplus-input-10") else "nosoftplus"
+    return base + ("-hydra" if hydra else "")
+
+
+@pytest.mark.parametrize("name,hydra,dtype", _p(
+    [(("hydra" if h else "both") if n == "softplus-input-10" else _stress_group(n, h), (n, h), dt,
+      f"{n}{'-hydra' if h else ''}") for dt in DTYPES for n in STRESS for h in (False, True)]))
+def test_stress_values(name, hydra, dtype):
+    s = STRESS_SHAPE
+    accuracy_case(s, dtype, seed=6, label=f"stress-{name}{'-hydra' if hydra else ''}", hydra=hydra,
+                  extra={"shift": True} if hydra else {}, **_stress_kw(name, s))
+
+
+LONG = _shape(2, 65536, 8, 64, 64)
+
+
+@pytest.mark.parametrize("name,dtype", _p([(_stress_group(n, False), (n,), dt, n) for dt in DTYPES
+                                          for n in ("normal", "softplus-input-10", "dt-1e2-A-1e2")]))
 def test_stress_long_sequence(name, dtype):
-    s = _shape(2, 65536, 8, 64, 64)
-    mk = {} if name == "normal" else dict(STRESS[name])
-    if SMALL and "A" in mk:
-        mk["A"] = mk["A"][: s["h"]]
-    accuracy_case(s, dtype, seed=7, label=f"L65536-{name}", **mk)
+    accuracy_case(LONG, dtype, seed=7, label=f"L65536-{name}", **_stress_kw(name, LONG))
+
+
+# clamp boundaries ------------------------------------------------------------------------------
+
+def _dt_with_exact_zeros(gen, shape):
+    t = torch.rand(shape, generator=gen).to(torch.bfloat16).float()
+    t[:, ::3] = 0.0  # dt exactly 0 (masked positions) = the lower bound of the default dt_limit
+    return t
+
+
+@pytest.mark.parametrize("dtype", _p([("boundary", (), dt, "dt0-A0") for dt in DTYPES]))
+def test_clamp_boundary_gradients(dtype):
+    """dt exactly at dt_limit's lower bound and A exactly 0: gradients follow the PyTorch op
+    (torch.clamp passes no gradient at the boundary)."""
+    s = _shape(2, 400, 8, 64, 64)
+    A = torch.tensor([0.0, -1.0, 0.0, -3.0, -0.5, 0.0, -2.0, -8.0])[: s["h"]]
+    inp, dy, opts = make_inputs(s, seed=8, dt_raw=_dt_with_exact_zeros, dt_softplus=False, A=A)
+    inp.pop("dt_bias")
+    ref = reference(inp, dy, opts)
+    out = poisoned_run(inp, dy, opts, dtype)
+    check(out, ref, dtype, f"clamp-boundary {_sid(s)} {dtype}")
