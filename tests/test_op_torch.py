@@ -166,3 +166,18 @@ def test_length_one_works():
     y = bi_ssd(*args, chunk_size=CHUNK, backend="torch", **kw)
     assert rel(y, bi_ssd_reference(*args, **kw)) < 1e-12
     assert math.isfinite(y.sum().item())
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_clamp_boundaries_have_zero_gradient(backend):
+    """dt exactly on a dt_limit bound and A exactly 0 get gradient 0 (one convention for every backend)."""
+    x, dt, A, B, C = make_inputs(b=1, L=6, h=2, p=2, g=1, n=2)[0]
+    dt = torch.tensor([[[0.0, 0.3], [0.5, 2.0], [0.2, 0.0], [2.0, 0.1], [0.4, 0.4], [0.0, 2.5]]], dtype=torch.float64)
+    A = torch.tensor([0.0, -0.5], dtype=torch.float64)
+    dt.requires_grad_(True)
+    A.requires_grad_(True)
+    y = bi_ssd(x, dt, A, B, C, dt_limit=(0.0, 2.0), backend=backend)
+    gdt, gA = torch.autograd.grad(y.sum(), (dt, A))
+    on_bound = (dt.detach() == 0.0) | (dt.detach() >= 2.0)
+    assert (gdt[on_bound] == 0).all() and (gdt[~on_bound] != 0).all()
+    assert gA[0] == 0 and gA[1] != 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .reference import process_dt
+from .reference import clamp_A, process_dt
 
 
 def _pad_seq(t: torch.Tensor, pad: int) -> torch.Tensor:
@@ -81,7 +81,7 @@ def bi_ssd_torch(
     cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
     with torch.autocast(device_type=x.device.type, enabled=False):
         f = lambda t: None if t is None else t.to(cdt)  # noqa: E731
-        xf, Af, Bf, Cf = f(x), f(A).clamp(max=0.0), f(B), f(C)
+        xf, Af, Bf, Cf = f(x), clamp_A(f(A)), f(B), f(C)
         dtf = process_dt(f(dt), f(dt_bias), dt_softplus, dt_limit)
         y = None
         if direction in ("both", "forward"):

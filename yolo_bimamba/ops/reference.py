@@ -8,13 +8,26 @@ import torch
 import torch.nn.functional as F
 
 
+def clamp_ste(v, lo=float("-inf"), hi=float("inf")):
+    """clamp(v, lo, hi) whose gradient is 1 strictly inside (lo, hi) and 0 at and beyond the bounds.
+
+    Every backend (PyTorch and Triton) uses this convention, spelled out here so that it does not
+    depend on how a given torch version differentiates ``clamp`` at the boundary."""
+    return torch.where((v > lo) & (v < hi), v, v.detach().clamp(min=lo, max=hi))
+
+
+def clamp_A(A):
+    """A -> min(A, 0) with the gradient convention of :func:`clamp_ste`."""
+    return clamp_ste(A, hi=0.0)
+
+
 def process_dt(dt, dt_bias=None, dt_softplus=False, dt_limit=(0.0, float("inf"))):
     """dt -> clamp(softplus(dt + dt_bias)) in the dtype of ``dt`` (shared by the PyTorch backends)."""
     if dt_bias is not None:
         dt = dt + dt_bias.to(dt.dtype)
     if dt_softplus:
         dt = F.softplus(dt)
-    return dt.clamp(min=float(dt_limit[0]), max=float(dt_limit[1]))
+    return clamp_ste(dt, float(dt_limit[0]), float(dt_limit[1]))
 
 
 def _direction_matrix(dt, A, B, C, causal: bool, shift: bool):
@@ -54,7 +67,7 @@ def bi_ssd_reference(
     """Quadratic float64 reference; returns y in float64. Same semantics as ``bi_ssd``."""
     f64 = lambda t: None if t is None else t.to(torch.float64)  # noqa: E731
     x, dt, A, B, C, D, dt_bias = map(f64, (x, dt, A, B, C, D, dt_bias))
-    A = A.clamp(max=0.0)
+    A = clamp_A(A)
     dtf = process_dt(dt, dt_bias, dt_softplus, dt_limit)
     if dt_bwd is None:
         dtb, Bb, Cb = dtf, B, C

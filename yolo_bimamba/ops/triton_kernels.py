@@ -90,7 +90,7 @@ def _process_dt(raw, bias, dt_lo, dt_hi, SOFTPLUS: tl.constexpr):
     else:
         sp = v
         dsp = tl.full(v.shape, 1.0, v.dtype)
-    inside = (sp >= dt_lo) & (sp <= dt_hi)
+    inside = (sp > dt_lo) & (sp < dt_hi)  # gradient 0 at the bounds, as ops.reference.clamp_ste
     dtv = tl.minimum(tl.maximum(sp, dt_lo), dt_hi)
     return dtv, tl.where(inside, dsp, 0.0)
 
@@ -507,7 +507,7 @@ def _bi_ssd_bwd_kernel(
             dbias_vec += gb
     # per-(batch, head) partials: [dA, d dt_bias, dD[0..P)]
     po = pid.to(tl.int64) * (P + 2)
-    dA_tot = tl.where(A_raw <= 0.0, tl.sum(dA_vec, 0), 0.0)
+    dA_tot = tl.where(A_raw < 0.0, tl.sum(dA_vec, 0), 0.0)  # as ops.reference.clamp_A
     tl.store(part_ptr + po, dA_tot)
     tl.store(part_ptr + po + 1, tl.sum(dbias_vec, 0))
     tl.store(part_ptr + po + 2 + offs_p, dD_acc, mask=mask_p)
