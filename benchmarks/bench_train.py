@@ -222,7 +222,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     tag = gpu.replace(" ", "-")
     (out / f"train-{tag}.json").write_text(json.dumps({"meta": meta, "model_step": rows, "models": info}, indent=2))
-    print(f"\n| model | precision | backend | step ms | img/s | peak MB |\n|---|---|---|---|---|---|")
+    print("\n| model | precision | backend | step ms | img/s | peak MB |\n|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['precision']} | {r['backend']} | {r['step_ms_median']} | {r['images_per_s']} | {r['peak_mem_mb']} |")
     print("\n| model | params | GFLOPs | ONNX CPU ms | loop img/s |\n|---|---|---|---|---|")

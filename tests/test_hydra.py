@@ -515,10 +515,8 @@ def test_detector_build_train_swap_reload_export(tmp_path):
 
     from yolo_bimamba import ultralytics_glue
     from yolo_bimamba.data import build_digits_dataset
-    from yolo_bimamba.swap import install_ultralytics_hook
 
     ultralytics_glue.register()
-    assert install_ultralytics_hook()
     data = build_digits_dataset(root=tmp_path / "data", imgsz=64, n_train=8, n_val=4)
     targs = dict(data=str(data), epochs=1, imgsz=64, batch=4, workers=0, device="cpu", plots=False, amp=False,
                  verbose=False, exist_ok=True)
@@ -561,7 +559,6 @@ def test_detector_build_train_swap_reload_export(tmp_path):
     code = f"""
 import json, torch, numpy as np
 from yolo_bimamba import ultralytics_glue; ultralytics_glue.register()
-from yolo_bimamba.swap import install_ultralytics_hook; install_ultralytics_hook()
 from yolo_bimamba.nn.hydra import Hydra
 from yolo_bimamba.nn.bimamba2 import BiMamba2
 from ultralytics import YOLO

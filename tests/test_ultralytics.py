@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import math
 import os
@@ -15,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-import yolo_bimamba
+import yolo_bimamba  # noqa: F401  (registers the blocks)
 from yolo_bimamba import ultralytics_glue as glue
 
 glue.register()

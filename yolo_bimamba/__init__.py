@@ -3,10 +3,10 @@
 ``import yolo_bimamba`` registers the blocks, YAML names, the default dataset, the offline fixes and the
 training guard with Ultralytics (see :mod:`yolo_bimamba.ultralytics_glue`).
 """
-from .nn import BiMamba2, BiMambaLayer2D, C2fBiMamba, C2fHydra, Hydra, HydraLayer2D
-from .ops import bi_ssd, bi_ssd_reference
-from .swap import swap_hydra
-from .ultralytics_glue import register
+from .ultralytics_glue import register  # first: sets the offline defaults before anything imports Ultralytics
+from .nn import BiMamba2, BiMambaLayer2D, C2fBiMamba, C2fHydra, Hydra, HydraLayer2D  # noqa: E402
+from .ops import bi_ssd, bi_ssd_reference  # noqa: E402
+from .swap import swap_hydra  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [

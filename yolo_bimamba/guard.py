@@ -504,9 +504,8 @@ _CALLBACKS = {
 
 # ------------------------------------------------------------------------------------------------------ the step
 def _unwrap(model):
-    from ultralytics.utils.torch_utils import unwrap_model
-
-    return unwrap_model(model)
+    """The module inside DDP / DataParallel (Ultralytics' unwrap_model does this, but 8.3.0 lacks it)."""
+    return model.module if isinstance(model, (nn.parallel.DataParallel, nn.parallel.DistributedDataParallel)) else model
 
 
 def _rank():

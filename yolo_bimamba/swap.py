@@ -40,12 +40,11 @@ for target="bimamba2", whose parameters differ); ``cli_main(argv)`` is the
 ``yolo-bimamba swap-hydra IN.pt OUT.pt [--target hydra|bimamba2]`` command. When the model
 carries an Ultralytics YAML dict, the target is recorded in it under ``SWAP_YAML_KEY`` so
 that a model rebuilt from that YAML (Ultralytics does so when it trains from a checkpoint)
-is swapped the same way: :func:`install_ultralytics_hook` makes ``parse_model`` do that.
+is swapped the same way: the parse_model wrapper of :mod:`yolo_bimamba.ultralytics_glue` applies it.
 """
 from __future__ import annotations
 
 import argparse
-import functools
 import io
 import pickle
 import sys
@@ -336,7 +335,7 @@ def swap_hydra(model: nn.Module, target: str = "hydra") -> SwapReport:
     Blocks shared under several names are converted once and every reference re-pointed.
     ``target="hydra"`` leaves blocks that already are ``yolo_bimamba.nn.Hydra`` untouched.
     If ``model`` carries an Ultralytics YAML dict (``model.yaml``), the target is recorded in it
-    under ``SWAP_YAML_KEY`` (see :func:`install_ultralytics_hook`).
+    under ``SWAP_YAML_KEY`` (applied by the parse_model wrapper of :mod:`yolo_bimamba.ultralytics_glue`).
     """
     if target not in TARGETS:
         raise ValueError(f"swap_hydra: target must be one of {TARGETS}, got {target!r}")
@@ -402,37 +401,6 @@ def apply_yaml_swap(model: nn.Module, yaml_dict) -> SwapReport | None:
     if not isinstance(yaml_dict, dict) or not yaml_dict.get(SWAP_YAML_KEY):
         return None
     return swap_hydra(model, target=yaml_dict[SWAP_YAML_KEY])
-
-
-def install_ultralytics_hook() -> bool:
-    """Make ``ultralytics.nn.tasks.parse_model`` apply a recorded swap to the layers it builds.
-
-    Ultralytics trains from a checkpoint by rebuilding the model from its YAML and loading the
-    weights by key: with this hook the rebuilt model is swapped like the checkpoint's, so the
-    keys and shapes match. The hook must wrap the block-building wrapper of
-    :mod:`yolo_bimamba.ultralytics_glue` (the swap has to see the finished blocks), so that is
-    registered first. Idempotent; returns True when installed (False without Ultralytics).
-    """
-    try:
-        from ultralytics.nn import tasks
-
-        from . import ultralytics_glue
-    except Exception:  # noqa: BLE001 - no Ultralytics: nothing to hook
-        return False
-    ultralytics_glue.register()
-    current = tasks.parse_model
-    if getattr(current, "_yolo_bimamba_swap_hook", False):
-        return True
-
-    @functools.wraps(current)
-    def parse_model(d, *args, **kwargs):
-        layers, save = current(d, *args, **kwargs)
-        apply_yaml_swap(layers, d)
-        return layers, save
-
-    parse_model._yolo_bimamba_swap_hook = True
-    tasks.parse_model = parse_model
-    return True
 
 
 class _UnavailableModule(nn.Module):

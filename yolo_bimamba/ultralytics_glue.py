@@ -41,7 +41,6 @@ import functools  # noqa: E402
 import importlib  # noqa: E402
 import importlib.util  # noqa: E402
 import logging  # noqa: E402
-import re  # noqa: E402
 import shutil  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -120,13 +119,22 @@ def _fix_line(msg: str, i: int, layer, cls, args) -> str:
     return f"{head}{layer.np:10.0f}  {t:<45}{args!s:<30}"
 
 
+def _apply_recorded_swap(model, save, d):
+    """A model saved after ``swap_hydra`` records the swap in its YAML dict: Ultralytics rebuilds models from the
+    YAML (training from a .pt), so the rebuilt layers are swapped the same way and the saved weights fit."""
+    from .swap import apply_yaml_swap
+
+    apply_yaml_swap(model, d)
+    return model, save
+
+
 def _make_wrapper(original):
     @functools.wraps(original)
     def parse_model(d, ch, verbose=True):
         ours = blocks()
         rows = list(d.get("backbone") or []) + list(d.get("head") or [])
         if not any(isinstance(r[2], str) and r[2] in ours for r in rows):
-            return original(d, ch, verbose)
+            return _apply_recorded_swap(*original(d, ch, verbose), d)
 
         d = dict(d)
         specs = {}  # layer index -> (class, row args without kwargs, kwargs)
@@ -182,7 +190,7 @@ def _make_wrapper(original):
                 i = int(head)
                 rec.msg, rec.args = _fix_line(msg, i, model[i], specs[i][0], logs[i]), ()
             LOGGER.handle(rec)
-        return model, save
+        return _apply_recorded_swap(model, save, d)
 
     parse_model._yolo_bimamba_original = original
     return parse_model
