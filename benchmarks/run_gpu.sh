@@ -8,7 +8,7 @@
 #   kernels-<gpu>.json / .md / .png  python benchmarks/bench_kernels.py (bf16, all shapes)
 #   bench-<gpu>.log                  the benchmark's console output
 # Knobs (environment): TEST_TIMEOUT (s, 300), BENCH_TIMEOUT (s, 190), XDIST_N (8), PYTEST_ARGS, BENCH_ARGS,
-# RUN_TESTS=0 / RUN_BENCH=0 to skip a part, TAG_SUFFIX (appended to the file names).
+# PYTEST_K (a -k expression), RUN_TESTS=0 / RUN_BENCH=0 to skip a part, TAG_SUFFIX (appended to the file names).
 # Exit status: non-zero if the tests or the benchmark failed.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +32,7 @@ if [ "${RUN_TESTS:-1}" != 0 ]; then
   if python3 -c "import xdist" 2>/dev/null; then xdist="-n ${XDIST_N:-8} --dist loadgroup"; fi
   t0=$(date +%s)
   timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu tests/gpu -p no:cacheprovider -v -rA --tb=short --durations=20 \
-    $xdist ${PYTEST_ARGS:-} 2>&1 | tee "$DEST/gpu-tests-$gpu.log"
+    $xdist ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} 2>&1 | tee "$DEST/gpu-tests-$gpu.log"
   test_rc=$?
   echo "== GPU tests: rc=$test_rc in $(( $(date +%s) - t0 )) s" | tee -a "$DEST/gpu-tests-$gpu.log"
 fi
