@@ -99,12 +99,16 @@ def model_step_bench(yaml: str, precision: str, backend: str, bs: int, imgsz: in
     }
 
 
-def model_info(yaml: str) -> dict:
-    from ultralytics import YOLO
+def model_info(yaml: str, imgsz: int = 640) -> dict:
+    """Params, and GFLOPs at imgsz counted by torch's FlopCounterMode (matmul/conv/einsum FLOPs, 2 per MAC): the
+    same counter for every model, since Ultralytics' thop-based count misses the einsums of the SSM blocks."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from ultralytics.nn.tasks import DetectionModel
 
-    m = YOLO(yaml)
-    _, params, _, gflops = m.info(verbose=False)
-    return {"params": int(params), "gflops": round(float(gflops), 2)}
+    m = DetectionModel(yaml, nc=80, verbose=False).eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+        m(torch.zeros(1, 3, imgsz, imgsz))
+    return {"params": sum(p.numel() for p in m.parameters()), "gflops": round(fc.get_total_flops() / 1e9, 2)}
 
 
 def onnx_latency(yaml: str, imgsz: int, workdir: Path, reps: int = 20) -> dict:
