@@ -157,6 +157,7 @@ class _BiSSDFn(torch.autograd.Function):
             P=p, N=n, BLOCK_P=_pow2(p), BLOCK_N=_pow2(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, SEPARATE=separate,
             HAS_D=has_d, D_PER_P=has_d and D.dim() == 2, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
             GRAD_PER_HEAD=per_head, COMPUTE=_compute_dtype(x),
+            DOT_PREC="ieee" if x.dtype == torch.float64 else "tf32x3",  # see triton_kernels' docstring
         )
         _launch(_bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", lambda meta: (b * h,), args, kwargs)
 
