@@ -23,7 +23,7 @@ train() {  # train NAME ARGS... : one train.py run, log kept next to its results
   local name=$1; shift
   echo "=== $name: $*"
   local t0=$(date +%s)
-  python3 "$REPO/train.py" project="$RUNS" name="$name" exist_ok=True epochs="$EP" imgsz=160 batch=64 workers=8 \
+  python3 "$REPO/train.py" project="$RUNS" name="$name" exist_ok=True epochs="$EP" imgsz=160 batch="${BATCH:-16}" workers=8 \
     "$@" > "$RUNS/$name.log" 2>&1
   local rc=$?
   echo "=== $name: exit $rc in $(( $(date +%s) - t0 )) s; $(grep -E 'mAP50 first' "$RUNS/$name.log" | tail -1)"
@@ -50,15 +50,14 @@ case $MODE in
       train "$name" model="$model" amp="$amp"
     done
     pack "runs-gpu${GPU:-0}" ;;
-  ddp)
-    echo "=== DDP: stock yolo CLI, device=0,1"
-    (cd /tmp && yolo train model=yolov8n-bimamba.yaml data=digits.yaml device=0,1 epochs=3 imgsz=160 batch=64 workers=4 \
-      project="$RUNS" name=ddp-cli exist_ok=True > "$RUNS/ddp-cli.log" 2>&1); echo "ddp-cli exit $?"
-    tail -4 "$RUNS/ddp-cli.log"
-    echo "=== DDP: train.py device=0,1"
-    (cd /tmp && python3 "$REPO/train.py" model=yolov8n-bimamba.yaml device=0,1 epochs=3 batch=64 workers=4 \
-      project="$RUNS" name=ddp-trainpy exist_ok=True > "$RUNS/ddp-trainpy.log" 2>&1); echo "ddp-train.py exit $?"
-    tail -4 "$RUNS/ddp-trainpy.log"
+  ddp)  # both runs at once, each on both GPUs (Ultralytics picks a free port per run)
+    echo "=== DDP: stock yolo CLI and train.py, device=0,1"
+    (cd /tmp && yolo train model=yolov8n-bimamba.yaml data=digits.yaml device=0,1 epochs="${DDP_EPOCHS:-2}" imgsz=160 \
+      batch=32 workers=4 project="$RUNS" name=ddp-cli exist_ok=True > "$RUNS/ddp-cli.log" 2>&1; echo "ddp-cli exit $?") &
+    (cd /tmp && python3 "$REPO/train.py" model=yolov8n-bimamba.yaml device=0,1 epochs="${DDP_EPOCHS:-2}" batch=32 \
+      workers=4 project="$RUNS" name=ddp-trainpy exist_ok=True > "$RUNS/ddp-trainpy.log" 2>&1; echo "ddp-train.py exit $?") &
+    wait
+    tail -3 "$RUNS/ddp-cli.log" "$RUNS/ddp-trainpy.log"
     cp "$RUNS"/ddp-*.log "$OUT/"
     pack ddp ;;
   bench)
