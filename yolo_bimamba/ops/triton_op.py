@@ -97,6 +97,12 @@ def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs):
     jit_fn[grid](*args, **kwargs, **meta, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
+def _acc_dtype(dtype):
+    """Dtype of the buffers the kernels read back and add to (y; dx, dB, dC): fp16 would overflow at 65504 in a
+    partial sum whose total fits, so those are fp32 for fp16 inputs (bf16 has fp32's range and is kept)."""
+    return torch.float32 if dtype == torch.float16 else dtype
+
+
 def _pow2(v):
     return max(16, triton.next_power_of_2(v))
 
@@ -110,7 +116,7 @@ class _BiSSDFn(torch.autograd.Function):
         g, n = B.shape[2], B.shape[3]
         separate = dt_bwd is not None
         dtb, Bb, Cb = (dt_bwd, B_bwd, C_bwd) if separate else (dt, B, C)
-        y = _alloc(x.shape, x.dtype, x.device)
+        y = _alloc(x.shape, _acc_dtype(x.dtype), x.device)
         has_d, has_bias = D is not None, dt_bias is not None
         args = (x, dt, A, B, C, D if has_d else x, dt_bias if has_bias else x, dtb, Bb, Cb, y, l, h, g, lo, hi)
         kwargs = dict(
@@ -121,7 +127,7 @@ class _BiSSDFn(torch.autograd.Function):
                 lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"])), args, kwargs)
         ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd)
         ctx.opts = opts
-        return y
+        return y.to(x.dtype)
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
@@ -135,9 +141,9 @@ class _BiSSDFn(torch.autograd.Function):
         separate = dt_bwd is not None
         dtb, Bb, Cb = (dt_bwd, B_bwd, C_bwd) if separate else (dt, B, C)
         per_head = g != h
-        gdt = torch.float32 if per_head and B.dtype != torch.float64 else B.dtype
+        gdt = torch.float32 if per_head and B.dtype != torch.float64 else _acc_dtype(B.dtype)
         gshape = (b, l, h, n) if per_head else (b, l, g, n)
-        dx = _alloc(x.shape, x.dtype, dev)
+        dx = _alloc(x.shape, _acc_dtype(x.dtype), dev)
         ddt = _alloc(dt.shape, dt.dtype, dev)
         dB = _alloc(gshape, gdt, dev)
         dC = _alloc(gshape, gdt, dev)
@@ -162,9 +168,9 @@ class _BiSSDFn(torch.autograd.Function):
         _launch(_bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", lambda meta: (b * h,), args, kwargs)
 
         def fold(t, like):  # per-head fp32 partials -> per-group gradient in the input's dtype
-            if not per_head:
-                return t
-            return t.view(b, l, g, h // g, n).sum(3).to(like.dtype)
+            if per_head:
+                t = t.view(b, l, g, h // g, n).sum(3)
+            return t.to(like.dtype)
 
         tot = part.sum(0)  # (h, p + 2)
         dA = tot[:, 0].to(A.dtype)
@@ -172,7 +178,7 @@ class _BiSSDFn(torch.autograd.Function):
         dD = None
         if has_d:
             dD = (tot[:, 2:] if D.dim() == 2 else tot[:, 2:].sum(1)).to(D.dtype)
-        grads = [dx, ddt, dA, fold(dB, B), fold(dC, C), dD, ddt_bias]
+        grads = [dx.to(x.dtype), ddt, dA, fold(dB, B), fold(dC, C), dD, ddt_bias]
         if separate:
             grads += [ddtb, fold(dBb, B_bwd), fold(dCb, C_bwd)]
         else:
