@@ -597,7 +597,9 @@ def test_ddp_worker_bootstrap_and_all_ranks_take_the_same_decision(env, tmp_path
     file = Path(generate_ddp_file(stand_in))
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT.format(repo=str(REPO)))
-    environ = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "0"}
+    # the worker must install the guard by itself: with the package installed, its .pth autoload would already have
+    # done so on `import ultralytics`, so it is switched off here to test the bootstrap path on its own
+    environ = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "0", "YOLO_BIMAMBA_AUTOLOAD": "0"}
     environ.pop("RANK", None)
     environ.pop("LOCAL_RANK", None)
     try:
