@@ -35,14 +35,13 @@ fused Hydra mode of ``bi_ssd`` computes exactly that mixing matrix without the c
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..ops import bi_ssd
 from ..ops.reference import process_dt
+from .bimamba2 import init_dt_bias
 from .blocks import BiMambaLayer2D, C2fBiMamba
 from .norm import RMSNormGated
 
@@ -118,10 +117,7 @@ class Hydra(nn.Module):
             self.init_states._no_weight_decay = True
         self.act = nn.SiLU()
         # dt_bias: inverse softplus of a log-uniform step in [dt_min, dt_max]; A = -1 at init
-        dt0 = torch.exp(
-            torch.rand(nheads, **fk) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
-        ).clamp(min=dt_init_floor)
-        self.dt_bias = nn.Parameter(dt0 + torch.log(-torch.expm1(-dt0)))
+        self.dt_bias = nn.Parameter(init_dt_bias(nheads, dt_min, dt_max, dt_init_floor, device=device, dtype=dtype))
         self.A_log = nn.Parameter(torch.zeros(nheads, device=device, dtype=torch.float32).to(dtype=dtype))
         self.D = nn.Parameter(torch.ones(nheads, device=device))  # float32, as published
         for p in (self.dt_bias, self.A_log, self.D):
