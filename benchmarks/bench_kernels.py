@@ -29,6 +29,7 @@ dt_bias are fp32 parameters, as in the modules. chunk_size 64 (the modules' defa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -421,7 +422,21 @@ def main(argv=None):
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--tag", default=None, help="file name suffix (default: the GPU's name)")
     ap.add_argument("--shape-override", default=None, help="JSON dict of shape -> sizes (dry runs)")
+    ap.add_argument("--force-configs", default=None, metavar="FWD,BWD,STATE",
+                    help="run the Triton kernels with these config indices instead of autotuning them (saves the "
+                         "autotuner's compiles of every config; recorded in the JSON)")
     a = ap.parse_args(argv)
+    forced = contextlib.nullcontext()
+    if a.force_configs and a.triton_backend == "triton":
+        from yolo_bimamba.ops import triton_op
+
+        fi, bi, si = (int(v) for v in a.force_configs.split(","))
+        forced = triton_op.force_config(fwd=fi, bwd=bi, state=si)
+    with forced:
+        _main(a, argv)
+
+
+def _main(a, argv):
 
     if a.shape_override:
         SHAPES.clear()
@@ -435,7 +450,16 @@ def main(argv=None):
     meta = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
                 dtype=a.dtype, chunk_size=CHUNK, device=a.device, triton_backend=a.triton_backend,
                 command="python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv if argv is not None else sys.argv[1:])),
-                date=time.strftime("%Y-%m-%d %H:%M:%S"), host_python=platform.python_version())
+                date=time.strftime("%Y-%m-%d %H:%M:%S"), host_python=platform.python_version(),
+                forced_configs=a.force_configs)
+    if a.triton_backend == "triton":
+        from yolo_bimamba.ops import triton_kernels as tk
+        from yolo_bimamba.ops import triton_op
+
+        meta["configs"] = {name: [dict(c.kwargs, num_warps=c.num_warps) for c in cfgs] for name, cfgs in
+                           (("fwd", tk.FWD_CONFIGS), ("bwd", tk.BWD_CONFIGS), ("state", tk.STATE_CONFIGS))}
+        meta["programs_per_sm"] = triton_op._PROGRAMS_PER_SM
+        meta["split_directions"] = triton_op._SPLIT_DIRECTIONS
     print(json.dumps(meta), flush=True)
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

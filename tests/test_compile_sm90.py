@@ -45,7 +45,8 @@ TIMEOUT_S = 600
 #
 # Tier 1 ("cubin": all the way through ptxas, fp32 and bf16): the problem families that set the
 # tile sizes and shared memory (headdim x d_state 64x64 = detection, 64x128 = LM, 128x128 = the
-# largest supported), in the default bidirectional mode.
+# largest supported), in the default bidirectional mode; at 64x64 also with the backward's two directions in
+# one launch (force_config(split=False)) instead of two.
 # Tier 2 ("ptx": front end, layouts and shared-memory allocation, no ptxas; one dtype each, to
 # keep this test within its CI budget): the other code paths of the same kernels (Hydra shift with
 # separate backward inputs, shift with shared inputs, one direction, ngroups > 1, D per channel,
@@ -60,6 +61,7 @@ def _variants():
     t1, t2 = "cubin", "ptx"
     return [
         ("p64n64-both", 64, 64, 1, 8, both, ("fp32", "bf16"), t1),
+        ("p64n64-both-one-launch", 64, 64, 1, 8, dict(both, split=False), ("fp32", "bf16"), t1),
         ("p64n128-both", 64, 128, 1, 8, both, ("fp32", "bf16"), t1),
         ("p128n128-both", 128, 128, 1, 4, both, ("fp32", "bf16"), t1),
         ("p64n64-hydra", 64, 64, 1, 8, hydra, ("bf16",), t2),
@@ -97,9 +99,14 @@ def _call_op(dtype_name, p, n, g, h, v):
         kw["dt_bias"] = torch.randn(h).requires_grad_(True)
     if v.get("separate"):
         kw.update(dt_bwd=mk(b, l, h), B_bwd=mk(b, l, g, n), C_bwd=mk(b, l, g, n))
-    y = bi_ssd_triton(x, dtt, A, B, C, **kw)
-    leaves = [t for t in [x, dtt, A, B, C, *kw.values()] if isinstance(t, torch.Tensor)]
-    torch.autograd.grad(y, leaves, torch.randn_like(y))
+    from yolo_bimamba.ops.triton_op import force_config
+
+    # segments of 256 rows (4 at L = 1000): the state kernel runs in every variant; "split" picks how the
+    # backward runs both directions (two launches, the default, or one)
+    with force_config(seg=256, split=v.get("split")):
+        y = bi_ssd_triton(x, dtt, A, B, C, **kw)
+        leaves = [t for t in [x, dtt, A, B, C, *kw.values()] if isinstance(t, torch.Tensor)]
+        torch.autograd.grad(y, leaves, torch.randn_like(y))
 
 
 def _resource_usage(cubin: bytes):

@@ -14,7 +14,8 @@ triton = pytest.importorskip("triton")
 
 from yolo_bimamba.ops import bi_ssd, bi_ssd_reference  # noqa: E402
 from yolo_bimamba.ops import triton_op  # noqa: E402
-from yolo_bimamba.ops.triton_op import BWD_CONFIGS, FWD_CONFIGS, bi_ssd_triton, force_config  # noqa: E402
+from yolo_bimamba.ops.triton_op import BWD_CONFIGS, FWD_CONFIGS, STATE_CONFIGS, bi_ssd_triton, force_config  # noqa: E402
+from yolo_bimamba.ops.triton_kernels import SEG_MULTIPLE  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 if DEV == "cpu" and not triton_op._INTERPRET:
@@ -205,6 +206,48 @@ def test_every_bwd_config(bi):
         args, kw = make_inputs(l=l, seed=bi, **opt)
         kw.update(direction=direction, shift=shift)
         check_case(args, kw, 0, bi)
+
+
+# 2b. segment-parallel passes: every state-kernel config, several segments (the last one partial), the backward's
+#     two directions in two launches (default) and in one
+@pytest.mark.parametrize("si", range(len(STATE_CONFIGS)))
+@pytest.mark.parametrize("split", [True, False])
+def test_every_state_config_and_segments(si, split):
+    seg = SEG_MULTIPLE
+    for l, opt in [(3 * seg + 5, dict(direction="both", shift=True, sep=True, g=2, h=4)),
+                   (2 * seg + 9, dict(direction="both", d_shape="h", dt_limit=(0.05, 0.8))),
+                   (2 * seg - 3, dict(direction="forward", shift=True)),
+                   (seg + 1, dict(direction="backward", bias=False))]:
+        opt = dict(opt)
+        direction, shift = opt.pop("direction"), opt.pop("shift", False)
+        args, kw = make_inputs(l=l, seed=l + si, **opt)
+        kw.update(direction=direction, shift=shift)
+        with force_config(state=si, seg=seg, split=split):
+            check_case(args, kw, si % len(FWD_CONFIGS), si % len(BWD_CONFIGS))
+
+
+def test_segment_length_does_not_change_the_result():
+    """One segment, segments of 1 and 2 chunks: the same function up to rounding (the states at the boundaries come
+    from the state kernel, the rest from the segment kernels)."""
+    args, kw = make_inputs(b=2, l=4 * SEG_MULTIPLE + 7, h=2, sep=True)
+    kw.update(shift=True)
+    dy = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(4)).to(DEV)
+    out = []
+    for seg in (8 * SEG_MULTIPLE, SEG_MULTIPLE, 2 * SEG_MULTIPLE):
+        with force_config(seg=seg):
+            out.append(run_triton(args, kw, dy, 0, 0))
+    y0, g0, _ = out[0]
+    for y, g, ok in out[1:]:
+        assert ok
+        assert rel_err(y, y0) < 1e-6
+        for k in g0:
+            assert rel_err(g[k], g0[k]) < 1e-5, k
+
+
+def test_force_config_rejects_bad_segments():
+    with pytest.raises(ValueError, match="seg"):
+        with force_config(seg=SEG_MULTIPLE + 1):
+            pass
 
 
 # 3. option matrix on the smallest tile

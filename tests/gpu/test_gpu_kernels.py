@@ -322,20 +322,22 @@ def test_odd_length_groups_channel_D_dt_limit(dtype):
 def config_forcers():
     """[(label, context manager factory)] for every config of every kernel (kernel helper's API).
 
-    ``triton_op.force_config(fwd=i, bwd=j)`` with ``FWD_CONFIGS`` / ``BWD_CONFIGS``: each forward
-    config is paired with a backward config (cycling the shorter list), so every config of each
-    list runs at least once.
+    ``triton_op.force_config(fwd=i, bwd=j, state=k, split=...)`` with ``FWD_CONFIGS`` / ``BWD_CONFIGS`` /
+    ``STATE_CONFIGS``: the lists are cycled together, so every config of each list runs at least once,
+    with the backward's two directions alternately in two launches and in one.
     """
     if BACKEND != "triton":
         return [("default", contextlib.nullcontext)]
     from yolo_bimamba.ops import triton_kernels as tk
     from yolo_bimamba.ops import triton_op as to
 
-    nf, nb = len(tk.FWD_CONFIGS), len(tk.BWD_CONFIGS)
+    nf, nb, ns = len(tk.FWD_CONFIGS), len(tk.BWD_CONFIGS), len(tk.STATE_CONFIGS)
     out = []
-    for i in range(max(nf, nb)):
-        fi, bi = i % nf, i % nb
-        out.append((f"fwd{fi}-bwd{bi}", lambda fi=fi, bi=bi: to.force_config(fwd=fi, bwd=bi)))
+    for i in range(max(nf, nb, ns)):
+        fi, bi, si = i % nf, i % nb, i % ns
+        split = i % 2 == 0  # the backward's directions in two launches or in one
+        out.append((f"fwd{fi}-bwd{bi}-state{si}-{'split' if split else 'fused'}",
+                    lambda fi=fi, bi=bi, si=si, split=split: to.force_config(fwd=fi, bwd=bi, state=si, split=split)))
     return out
 
 

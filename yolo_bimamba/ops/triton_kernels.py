@@ -4,30 +4,42 @@ Layout: x, y, dy, dx (b, l, h, p) contiguous; dt (b, l, h); B, C (b, l, g, n); A
 D (h,) or (h, p). The sequence is walked in tiles of BLOCK_Q rows ("chunks"); BLOCK_Q is a
 tuning parameter only: the result does not depend on it (up to rounding).
 
-Forward: one program per (batch * head, block of headdim). It walks the chunks forward (causal
-pass) with the state S (d_state x headdim, fp32) on chip and writes y, then walks them backward
-(anti-causal pass) with its own state, reads y back and adds. The reverse direction is index
-arithmetic; there is no flip or copy of any tensor. Hydra's shift (shift=True) is an offset of
-the C rows that are loaded (C[t-1] for the causal, C_bwd[t+1] for the anti-causal direction)
-and a strict mask.
+Segments: the sequence is cut into segments of SEG rows (a whole number of chunks of every config; chosen by
+triton_op.segment_rows for about 4 programs per SM) that run in parallel. The state kernel
+(_bi_ssd_state_kernel, one program per (batch * head, headdim block, state kind)) walks the chunks once and
+stores the states at the segment boundaries: S_f, S_b for the forward; S_f, dS_b, dS_f, S_b for the backward.
+With one segment no state kernel runs and the segment kernels start from zeros.
 
-Backward: one program per (batch * head) with the whole headdim, three passes in one launch:
+Forward: one program per (batch * head, block of headdim, segment). It walks its chunks forward (causal pass)
+with the state S (d_state x headdim, fp32) on chip, entered with the boundary state, and writes y, then walks
+them backward (anti-causal pass) with its own state, reads y back and adds. The reverse direction is index
+arithmetic; there is no flip or copy of any tensor. Hydra's shift (shift=True) is an offset of the C rows that
+are loaded (C[t-1] for the causal, C_bwd[t+1] for the anti-causal direction) and a strict mask.
+
+Backward: one program per (batch * head, segment) with the whole headdim, two passes over its chunks:
   A (reverse walk): causal state gradient dS_f, anti-causal state S_b -> dx_f, dB_f, intra dC_f,
     complete anti-causal output y_b and dC_b;
   B (forward walk): causal state S_f, anti-causal state gradient dS_b -> inter dC_f, complete
     causal output y_f, dx_b, dB_b;
-  C (reverse walk): reverse cumulative sum of the per-position log-decay gradients (from a small
-    fp32 scratch) -> ddt, and per-(batch, head) partial sums of dA, d(dt_bias) (and dD from A).
+and per-position log-decay gradients into a small fp32 scratch (b*h, 5, L) in which each direction owns its
+slots. By default "both" runs as two launches of this kernel, one per direction (DO_F / DO_B), the second adding
+to the first's dx (and dB, dC when the directions share them, ACC=True): one direction per program needs far
+fewer registers, and the sum stays ordered, so results are bitwise reproducible. A last kernel
+(_bi_ssd_bwd_dt_kernel, pass C, per (batch * head)) reverse-sums the scratch -> ddt, and per-(batch, head)
+partial sums of dA, d(dt_bias); dD comes from per-(batch, head, segment) partials of the first launch.
 With shift=True the backward works in the unshifted frame: y_f[t] = z_f[t-1] and
 y_b[t] = z_b[t+1], so the output gradient of each direction is dy loaded at offset +1 / -1.
 
 Dot precision: the backward's per-position log-decay gradients (-> ddt, dA, d dt_bias) are differences of
-large, nearly equal sums, so its fp32 dots use input_precision="tf32x3" (fp32-accurate on tensor cores):
-plain tf32 gave 3e-2..1.6 relative error on dA / d dt_bias on an H200. The forward keeps Triton's default.
+large, nearly equal sums, so the dots that feed them and the states use input_precision="tf32x3" (DOT_PREC,
+fp32-accurate on tensor cores): plain tf32 gave 3e-2..1.6 relative error on dA / d dt_bias on an H200. Dots of
+two loaded inputs (C B^T) use DOT_IN: tf32 for 16-bit inputs (exact: a bf16/fp16 value is a tf32 value),
+tf32x3 for fp32. Dots that feed only dx, dB, dC use DOT_LO = tf32. fp64 uses "ieee" everywhere. The forward
+keeps Triton's default.
 
 Every exponent is a masked (masked before exp) difference of non-positive log-decay sums, so it
 is <= 0 (up to rounding) and no inf * 0 can appear. Rows >= L load dt = x = B = C = 0.
-No atomics: every output element is written by exactly one program, so results are bitwise
+No atomics: every output element is written by exactly one program per launch, so results are bitwise
 reproducible.
 """
 from __future__ import annotations
@@ -44,20 +56,36 @@ FWD_CONFIGS = [
         (32, 32, 2),
         (64, 32, 4),
         (64, 64, 4),
-        (128, 32, 4),
-        (128, 64, 8),
     ]
 ]
+# (BLOCK_Q 128 forward configs were dropped: slower than (64, 64, 4) on an H200 at the detection shapes, and they
+# would force segments of 128 rows)
 BWD_CONFIGS = [
     triton.Config({"BLOCK_Q": bq}, num_warps=nw, num_stages=1)
-    # BLOCK_Q = 128 needs > 227 KB of shared memory at headdim = d_state = 64 on sm_90
+    # BLOCK_Q = 128 needs > 227 KB of shared memory at headdim = d_state = 64 on sm_90; (64, 8 warps) was the
+    # slowest on an H200 at every benchmarked shape and is not offered
     for bq, nw in [
         (32, 4),
         (32, 8),
         (64, 4),
-        (64, 8),
     ]
 ]
+
+
+# the chunk-boundary state walk (one state kind per program, one block of headdim)
+STATE_CONFIGS = [
+    triton.Config({"BLOCK_Q": bq, "BLOCK_P": bp}, num_warps=nw, num_stages=1)
+    for bq, bp, nw in [
+        (32, 32, 2),
+        (64, 32, 4),
+        (64, 64, 4),
+    ]
+]
+# segments are a whole number of chunks of every kernel and config (the BLOCK_Qs are powers of two)
+SEG_MULTIPLE = max(c.kwargs["BLOCK_Q"] for c in FWD_CONFIGS + BWD_CONFIGS + STATE_CONFIGS)
+assert all(SEG_MULTIPLE % c.kwargs["BLOCK_Q"] == 0 for c in FWD_CONFIGS + BWD_CONFIGS + STATE_CONFIGS)
+# rows per program of the last backward pass (per-position scalars only)
+PASS_C_ROWS = 128
 
 
 def bwd_config_fits(cfg, P, N) -> bool:
@@ -114,8 +142,8 @@ def _last(v, offs_q, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _bi_ssd_fwd_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, y_ptr,
-    L, H, G, dt_lo, dt_hi,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, y_ptr, st_ptr,
+    L, H, G, SEG, dt_lo, dt_hi,
     P: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr,
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr,
     HAS_D: tl.constexpr, D_PER_P: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
@@ -123,6 +151,7 @@ def _bi_ssd_fwd_kernel(
 ):
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
+    seg = tl.program_id(2)
     bidx = pid_bh // H
     hidx = pid_bh % H
     gidx = hidx // (H // G)
@@ -152,11 +181,16 @@ def _bi_ssd_fwd_kernel(
         else:
             Dv = tl.load(D_ptr + hidx).to(COMPUTE)
 
-    nchunks = tl.cdiv(L, BLOCK_Q)
+    # this program's rows: chunks [c0, c1) = segment seg, entered with the states of the state kernel
+    nseg = tl.cdiv(L, SEG)
+    c0 = seg * (SEG // BLOCK_Q)
+    c1 = tl.minimum(tl.cdiv(L, BLOCK_Q), c0 + SEG // BLOCK_Q)
+    st_off = (pid_bh.to(tl.int64) * 2 * nseg + seg) * (N * P) + offs_n[:, None] * P + offs_p[None, :]
+    m_st = mask_n[:, None] & mask_p[None, :]
 
     if DO_F:
-        S = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
-        for c in range(0, nchunks):
+        S = tl.load(st_ptr + st_off, mask=m_st, other=0.0)
+        for c in range(c0, c1):
             rows = c * BLOCK_Q + offs_q
             mrow = rows < L
             dtv, _unused = _load_dt(dt_base, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
@@ -194,9 +228,9 @@ def _bi_ssd_fwd_kernel(
     if DO_B:
         if DO_F:
             tl.debug_barrier()
-        Sb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
-        for ci in range(0, nchunks):
-            c = nchunks - 1 - ci
+        Sb = tl.load(st_ptr + st_off + nseg * (N * P), mask=m_st, other=0.0)
+        for ci in range(0, c1 - c0):
+            c = c1 - 1 - ci
             rows = c * BLOCK_Q + offs_q
             mrow = rows < L
             dtv, _unused = _load_dt(dtb_base, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
@@ -236,16 +270,129 @@ def _bi_ssd_fwd_kernel(
 
 
 @triton.jit
+def _state_walk(v_ptr, r_ptr, dt_base, st_base, A_h, bias, L, H, SEG, v_stride, r_stride, R_SHIFT: tl.constexpr,
+                dt_lo, dt_hi, P: tl.constexpr, N: tl.constexpr, MODE: tl.constexpr, SOFTPLUS: tl.constexpr,
+                COMPUTE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_P: tl.constexpr, pid_p):
+    """Walk the chunks and store one state at every segment boundary: st[seg] (N x P block).
+
+    MODE 0: S_f  causal state entering segment seg (forward walk; V = B,  R = x,  w = exp(last - cs) dt)
+    MODE 1: dS_b grad of the anti-causal state of rows before seg (forward walk; V = C_b, R = dz_b, w = exp(last - csx))
+    MODE 2: dS_f grad of the causal state leaving seg (reverse walk; V = C,  R = dz_f, w = exp(cs))
+    MODE 3: S_b  anti-causal state of the rows after seg (reverse walk; V = B_b, R = x,  w = exp(csx) dt)
+    Each update is S <- exp(last) S + (w V)^T R over one chunk, exactly as the segment kernel does it.
+    """
+    offs_q = tl.arange(0, BLOCK_Q)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    mask_n = offs_n < N
+    mask_p = offs_p < P
+    st_ptrs = st_base + offs_n[:, None] * P + offs_p[None, :]
+    m_st = mask_n[:, None] & mask_p[None, :]
+    nchunks = tl.cdiv(L, BLOCK_Q)
+    nseg = tl.cdiv(L, SEG)
+    if MODE < 2:  # forward walk up to the first chunk of the last segment
+        n_iter = (nseg - 1) * (SEG // BLOCK_Q) + 1
+    else:  # reverse walk down to the last chunk of the first segment
+        n_iter = nchunks - tl.minimum(SEG // BLOCK_Q - 1, nchunks - 1)
+    S = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
+    for i in range(0, n_iter):
+        if MODE < 2:
+            c = i
+            at_bound = (c * BLOCK_Q) % SEG == 0
+        else:
+            c = nchunks - 1 - i
+            at_bound = (c == nchunks - 1) | (((c + 1) * BLOCK_Q) % SEG == 0)
+        seg = (c * BLOCK_Q) // SEG
+        tl.store(st_ptrs + seg.to(tl.int64) * (N * P), S, mask=m_st & at_bound)
+        rows = c * BLOCK_Q + offs_q
+        mrow = rows < L
+        dtv, _unused = _load_dt(dt_base, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
+        a = dtv * A_h
+        cs = tl.cumsum(a, 0)
+        last = _last(cs, offs_q, BLOCK_Q)
+        if MODE == 0:
+            w = tl.exp(last - cs) * dtv
+        elif MODE == 1:
+            w = tl.exp(last - (cs - a))
+        elif MODE == 2:
+            w = tl.exp(cs)
+        else:
+            w = tl.exp(cs - a) * dtv
+        Vv = tl.load(v_ptr + rows[:, None] * v_stride + offs_n[None, :], mask=mrow[:, None] & mask_n[None, :],
+                     other=0.0).to(COMPUTE)
+        rr = rows + R_SHIFT
+        m_r = (mrow & (rr >= 0) & (rr < L))[:, None] & mask_p[None, :]
+        Rv = tl.load(r_ptr + rr[:, None] * r_stride + offs_p[None, :], mask=m_r, other=0.0).to(COMPUTE)
+        S = tl.exp(last) * S + tl.dot(tl.trans(Vv * w[:, None]), Rv, input_precision=DOT_PREC)
+
+
+@triton.jit
+def _bi_ssd_state_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, dy_ptr, st_ptr,
+    L, H, G, SEG, dt_lo, dt_hi,
+    P: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr, GRAD: tl.constexpr,
+    DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+    COMPUTE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """Segment-boundary states: program (batch * head, headdim block, slot).
+    GRAD (backward): 4 slots, slot = MODE of :func:`_state_walk`; st has shape (b * h, 4, nseg, N, P).
+    not GRAD (forward): 2 slots, S_f (MODE 0) and S_b (MODE 3); st has shape (b * h, 2, nseg, N, P)."""
+    pid_bh = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    slot = tl.program_id(2)
+    NSLOT: tl.constexpr = 4 if GRAD else 2
+    if GRAD:
+        kind = slot
+    else:
+        kind = slot * 3
+    bidx = pid_bh // H
+    hidx = pid_bh % H
+    gidx = hidx // (H // G)
+    b64 = bidx.to(tl.int64)
+    xo = b64 * L * H * P + hidx * P
+    dto = b64 * L * H + hidx
+    bco = b64 * L * G * N + gidx * N
+    nseg = tl.cdiv(L, SEG)
+    st_base = st_ptr + (pid_bh.to(tl.int64) * NSLOT + slot) * nseg * (N * P)
+    A_h = tl.minimum(tl.load(A_ptr + hidx).to(COMPUTE), 0.0)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + hidx).to(COMPUTE)
+    else:
+        bias = 0.0
+    SH_F: tl.constexpr = 1 if SHIFT else 0  # dz_f[t] = dy[t + 1] with Hydra's shift
+    SH_B: tl.constexpr = -1 if SHIFT else 0  # dz_b[t] = dy[t - 1]
+    if kind == 0:
+        if DO_F:
+            _state_walk(B_ptr + bco, x_ptr + xo, dt_ptr + dto, st_base, A_h, bias, L, H, SEG, G * N, H * P, 0,
+                        dt_lo, dt_hi, P, N, 0, SOFTPLUS, COMPUTE, DOT_PREC, BLOCK_Q, BLOCK_N, BLOCK_P, pid_p)
+    elif kind == 1:
+        if GRAD and DO_B:
+            _state_walk(Cb_ptr + bco, dy_ptr + xo, dtb_ptr + dto, st_base, A_h, bias, L, H, SEG, G * N, H * P, SH_B,
+                        dt_lo, dt_hi, P, N, 1, SOFTPLUS, COMPUTE, DOT_PREC, BLOCK_Q, BLOCK_N, BLOCK_P, pid_p)
+    elif kind == 2:
+        if GRAD and DO_F:
+            _state_walk(C_ptr + bco, dy_ptr + xo, dt_ptr + dto, st_base, A_h, bias, L, H, SEG, G * N, H * P, SH_F,
+                        dt_lo, dt_hi, P, N, 2, SOFTPLUS, COMPUTE, DOT_PREC, BLOCK_Q, BLOCK_N, BLOCK_P, pid_p)
+    else:
+        if DO_B:
+            _state_walk(Bb_ptr + bco, x_ptr + xo, dtb_ptr + dto, st_base, A_h, bias, L, H, SEG, G * N, H * P, 0,
+                        dt_lo, dt_hi, P, N, 3, SOFTPLUS, COMPUTE, DOT_PREC, BLOCK_Q, BLOCK_N, BLOCK_P, pid_p)
+
+
+@triton.jit
 def _bi_ssd_bwd_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, dy_ptr,
-    dx_ptr, dB_ptr, dC_ptr, ddt_ptr, dBb_ptr, dCb_ptr, ddtb_ptr, scr_ptr, part_ptr,
-    L, H, G, dt_lo, dt_hi,
+    dx_ptr, dB_ptr, dC_ptr, ddt_ptr, dBb_ptr, dCb_ptr, ddtb_ptr, scr_ptr, part_ptr, st_ptr,
+    L, H, G, SEG, dt_lo, dt_hi,
     P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SEPARATE: tl.constexpr,
     HAS_D: tl.constexpr, D_PER_P: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-    GRAD_PER_HEAD: tl.constexpr, COMPUTE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_Q: tl.constexpr,
+    GRAD_PER_HEAD: tl.constexpr, ACC: tl.constexpr, COMPUTE: tl.constexpr, DOT_PREC: tl.constexpr,
+    DOT_IN: tl.constexpr, DOT_LO: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    seg = tl.program_id(1)
     bidx = pid // H
     hidx = pid % H
     gidx = hidx // (H // G)
@@ -268,11 +415,9 @@ def _bi_ssd_bwd_kernel(
     else:
         GS = G
         go = bco
-    NSLOT: tl.constexpr = 5 if SEPARATE else 3
-    so = pid.to(tl.int64) * NSLOT * L  # scratch (b*h, NSLOT, L)
+    so = pid.to(tl.int64) * 5 * L  # scratch (b*h, 5, L): dcs_f, ddt_f, dadir_b, dcs_b, ddt_b
 
-    A_raw = tl.load(A_ptr + hidx).to(COMPUTE)
-    A_h = tl.minimum(A_raw, 0.0)
+    A_h = tl.minimum(tl.load(A_ptr + hidx).to(COMPUTE), 0.0)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + hidx).to(COMPUTE)
     else:
@@ -282,17 +427,29 @@ def _bi_ssd_bwd_kernel(
             Dv = tl.load(D_ptr + hidx * P + offs_p, mask=mask_p, other=0.0).to(COMPUTE)[None, :]
         else:
             Dv = tl.load(D_ptr + hidx).to(COMPUTE)
-    nchunks = tl.cdiv(L, BLOCK_Q)
     xstride = H * P
     bstride = G * N
     gstride = GS * N
+    # this program's rows: chunks [c0, c1) = segment seg; the states at its ends come from the state kernel
+    nseg = tl.cdiv(L, SEG)
+    c0 = seg * (SEG // BLOCK_Q)
+    c1 = tl.minimum(tl.cdiv(L, BLOCK_Q), c0 + SEG // BLOCK_Q)
+    st_off = (pid.to(tl.int64) * 4 * nseg + seg) * (N * P) + offs_n[:, None] * P + offs_p[None, :]
+    KSTRIDE = nseg * (N * P)
+    m_st = mask_n[:, None] & mask_p[None, :]
 
     # ------------------------------------------------------------------ pass A (reverse walk)
-    dS = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)  # grad of the causal state leaving a chunk
-    Sb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)  # anti-causal state entering a chunk
+    if DO_F:  # grad of the causal state leaving a chunk
+        dS = tl.load(st_ptr + st_off + 2 * KSTRIDE, mask=m_st, other=0.0)
+    else:
+        dS = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
+    if DO_B:  # anti-causal state entering a chunk (from the right)
+        Sb = tl.load(st_ptr + st_off + 3 * KSTRIDE, mask=m_st, other=0.0)
+    else:
+        Sb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     dD_acc = tl.zeros((BLOCK_P,), dtype=COMPUTE)
-    for ci in range(0, nchunks):
-        c = nchunks - 1 - ci
+    for ci in range(0, c1 - c0):
+        c = c1 - 1 - ci
         rows = c * BLOCK_Q + offs_q
         mrow = rows < L
         m_xp = mrow[:, None] & mask_p[None, :]
@@ -302,7 +459,9 @@ def _bi_ssd_bwd_kernel(
         xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
         dyv = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
         dD_acc += tl.sum(dyv * xv, 0)
-        if HAS_D:
+        if ACC:  # the other direction's launch wrote dx (with D dy) already
+            dxv = tl.load(dx_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+        elif HAS_D:
             dxv = Dv * dyv
         else:
             dxv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)
@@ -324,16 +483,16 @@ def _bi_ssd_bwd_kernel(
                 dzf = tl.load(dy_ptr + xo + r1[:, None] * xstride + offs_p[None, :], mask=m1, other=0.0).to(COMPUTE)
             else:
                 dzf = dyv
-            CBf = tl.dot(Cf, tl.trans(Bf), input_precision=DOT_PREC)
+            CBf = tl.dot(Cf, tl.trans(Bf), input_precision=DOT_IN)
             decf = tl.exp(tl.where(tt >= ss, csf[:, None] - csf[None, :], float("-inf")))
             ef_end = tl.exp(lastf - csf)
             # the diagonal (s == t) term does not depend on the decays: it is kept out of the
             # per-position log-decay gradients (where it would cancel only up to rounding)
             diagf = tl.sum(Cf * Bf, 1)
             uf = tl.dot(tl.trans(tl.where(tt > ss, CBf * decf, 0.0)), dzf, input_precision=DOT_PREC) + ef_end[:, None] * tl.dot(Bf, dS, input_precision=DOT_PREC)
-            Mf = tl.dot(dzf, tl.trans(xv), input_precision=DOT_PREC) * decf
-            dBf = dtf[:, None] * (tl.dot(tl.trans(Mf), Cf, input_precision=DOT_PREC) + ef_end[:, None] * tl.dot(xv, tl.trans(dS), input_precision=DOT_PREC))
-            dCv += tl.dot(Mf * dtf[None, :], Bf, input_precision=DOT_PREC)
+            Mf = tl.dot(dzf, tl.trans(xv), input_precision=DOT_LO) * decf
+            dBf = dtf[:, None] * (tl.dot(tl.trans(Mf), Cf, input_precision=DOT_LO) + ef_end[:, None] * tl.dot(xv, tl.trans(dS), input_precision=DOT_LO))
+            dCv += tl.dot(Mf * dtf[None, :], Bf, input_precision=DOT_LO)
             dS = tl.exp(lastf) * dS + tl.dot(tl.trans(Cf * tl.exp(csf)[:, None]), dzf, input_precision=DOT_PREC)
             xu = tl.sum(uf * xv, 1)
             vf_dcs = -dtf * xu
@@ -354,13 +513,13 @@ def _bi_ssd_bwd_kernel(
                 dzb = tl.load(dy_ptr + xo + r2[:, None] * xstride + offs_p[None, :], mask=m2, other=0.0).to(COMPUTE)
             else:
                 dzb = dyv
-            CBb = tl.dot(Cbv, tl.trans(Bbv), input_precision=DOT_PREC)
+            CBb = tl.dot(Cbv, tl.trans(Bbv), input_precision=DOT_IN)
             decb = tl.exp(tl.where(ss >= tt, csxb[None, :] - csxb[:, None], float("-inf")))
             eb_row = tl.exp(lastb - csxb)
             zb = tl.dot(tl.where(ss > tt, CBb * decb * dtb[None, :], 0.0), xv, input_precision=DOT_PREC) + eb_row[:, None] * tl.dot(Cbv, Sb, input_precision=DOT_PREC)
             Yb = tl.sum(dzb * zb, 1)
-            Mb = tl.dot(dzb, tl.trans(xv), input_precision=DOT_PREC) * decb
-            dCb = tl.dot(Mb * dtb[None, :], Bbv, input_precision=DOT_PREC) + eb_row[:, None] * tl.dot(dzb, tl.trans(Sb), input_precision=DOT_PREC)
+            Mb = tl.dot(dzb, tl.trans(xv), input_precision=DOT_LO) * decb
+            dCb = tl.dot(Mb * dtb[None, :], Bbv, input_precision=DOT_LO) + eb_row[:, None] * tl.dot(dzb, tl.trans(Sb), input_precision=DOT_LO)
             Sb = tl.exp(lastb) * Sb + tl.dot(tl.trans(Bbv * (tl.exp(csxb) * dtb)[:, None]), xv, input_precision=DOT_PREC)
             vb_dcs = -Yb
             vb_dadir = Yb
@@ -370,20 +529,29 @@ def _bi_ssd_bwd_kernel(
                 dCv += dCb
         tl.store(dx_ptr + xo + xy_off, dxv.to(dx_ptr.dtype.element_ty), mask=m_xp)
         if DO_F or (not SEPARATE):
-            tl.store(dC_ptr + go + rows[:, None] * gstride + offs_n[None, :], dCv.to(dC_ptr.dtype.element_ty), mask=m_bn)
-        if SEPARATE:
+            dC_ptrs = dC_ptr + go + rows[:, None] * gstride + offs_n[None, :]
+            if ACC and (not SEPARATE):  # add to the other direction's dC
+                dCv += tl.load(dC_ptrs, mask=m_bn, other=0.0).to(COMPUTE)
+            tl.store(dC_ptrs, dCv.to(dC_ptr.dtype.element_ty), mask=m_bn)
+        # each direction owns its scratch slots, so the two directions may run as two launches
+        if DO_F:
             tl.store(scr_ptr + so + rows, vf_dcs, mask=mrow)
+            tl.store(scr_ptr + so + L + rows, vf_ddt, mask=mrow)
+        if DO_B:
+            tl.store(scr_ptr + so + 2 * L + rows, vb_dadir, mask=mrow)
             tl.store(scr_ptr + so + 3 * L + rows, vb_dcs, mask=mrow)
-        else:
-            tl.store(scr_ptr + so + rows, vf_dcs + vb_dcs, mask=mrow)
-        tl.store(scr_ptr + so + L + rows, vf_ddt, mask=mrow)
-        tl.store(scr_ptr + so + 2 * L + rows, vb_dadir, mask=mrow)
 
     tl.debug_barrier()
     # ------------------------------------------------------------------ pass B (forward walk)
-    S = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)  # causal state entering a chunk
-    dSb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)  # grad of the anti-causal state of earlier chunks
-    for c in range(0, nchunks):
+    if DO_F:  # causal state entering a chunk
+        S = tl.load(st_ptr + st_off, mask=m_st, other=0.0)
+    else:
+        S = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
+    if DO_B:  # grad of the anti-causal state of earlier chunks
+        dSb = tl.load(st_ptr + st_off + KSTRIDE, mask=m_st, other=0.0)
+    else:
+        dSb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
+    for c in range(c0, c1):
         rows = c * BLOCK_Q + offs_q
         mrow = rows < L
         m_xp = mrow[:, None] & mask_p[None, :]
@@ -404,12 +572,12 @@ def _bi_ssd_bwd_kernel(
                 dzf = tl.load(dy_ptr + xo + r1[:, None] * xstride + offs_p[None, :], mask=m1, other=0.0).to(COMPUTE)
             else:
                 dzf = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-            CBf = tl.dot(Cf, tl.trans(Bf), input_precision=DOT_PREC)
+            CBf = tl.dot(Cf, tl.trans(Bf), input_precision=DOT_IN)
             decf = tl.exp(tl.where(tt >= ss, csf[:, None] - csf[None, :], float("-inf")))
             ecs = tl.exp(csf)
             zf = tl.dot(tl.where(tt > ss, CBf * decf * dtf[None, :], 0.0), xv, input_precision=DOT_PREC) + ecs[:, None] * tl.dot(Cf, S, input_precision=DOT_PREC)
             Yf = tl.sum(dzf * zf, 1)
-            dC_inter = ecs[:, None] * tl.dot(dzf, tl.trans(S), input_precision=DOT_PREC)
+            dC_inter = ecs[:, None] * tl.dot(dzf, tl.trans(S), input_precision=DOT_LO)
             dC_ptrs = dC_ptr + go + rows[:, None] * gstride + offs_n[None, :]
             dC_inter += tl.load(dC_ptrs, mask=m_bn, other=0.0).to(COMPUTE)
             tl.store(dC_ptrs, dC_inter.to(dC_ptr.dtype.element_ty), mask=m_bn)
@@ -429,13 +597,13 @@ def _bi_ssd_bwd_kernel(
                 dzb = tl.load(dy_ptr + xo + r2[:, None] * xstride + offs_p[None, :], mask=m2, other=0.0).to(COMPUTE)
             else:
                 dzb = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-            CBb = tl.dot(Cbv, tl.trans(Bbv), input_precision=DOT_PREC)
+            CBb = tl.dot(Cbv, tl.trans(Bbv), input_precision=DOT_IN)
             decb = tl.exp(tl.where(ss >= tt, csxb[None, :] - csxb[:, None], float("-inf")))
             ebx = tl.exp(csxb)
             diagb = tl.sum(Cbv * Bbv, 1)
             ub = tl.dot(tl.trans(tl.where(ss > tt, CBb * decb, 0.0)), dzb, input_precision=DOT_PREC) + ebx[:, None] * tl.dot(Bbv, dSb, input_precision=DOT_PREC)
-            Mb = tl.dot(dzb, tl.trans(xv), input_precision=DOT_PREC) * decb
-            dBb = dtb[:, None] * (tl.dot(tl.trans(Mb), Cbv, input_precision=DOT_PREC) + ebx[:, None] * tl.dot(xv, tl.trans(dSb), input_precision=DOT_PREC))
+            Mb = tl.dot(dzb, tl.trans(xv), input_precision=DOT_LO) * decb
+            dBb = dtb[:, None] * (tl.dot(tl.trans(Mb), Cbv, input_precision=DOT_LO) + ebx[:, None] * tl.dot(xv, tl.trans(dSb), input_precision=DOT_LO))
             dSb = tl.exp(lastb) * dSb + tl.dot(tl.trans(Cbv * tl.exp(lastb - csxb)[:, None]), dzb, input_precision=DOT_PREC)
             xub = tl.sum(ub * xv, 1)
             Xb = dtb * xub
@@ -447,36 +615,51 @@ def _bi_ssd_bwd_kernel(
                 tl.store(dBb_ptr + go + rows[:, None] * gstride + offs_n[None, :], dBb.to(dBb_ptr.dtype.element_ty), mask=m_bn)
             else:
                 dB_ptrs = dB_ptr + go + rows[:, None] * gstride + offs_n[None, :]
-                if DO_F:
+                if DO_F or ACC:
                     dBb += tl.load(dB_ptrs, mask=m_bn, other=0.0).to(COMPUTE)
                 tl.store(dB_ptrs, dBb.to(dB_ptr.dtype.element_ty), mask=m_bn)
             add_dcs_b = Xb
             add_ddt_b = vb_ddt
         # one read-add-write per scratch slot and chunk (rows written in pass A)
-        if SEPARATE:
-            if DO_F:
-                s0 = tl.load(scr_ptr + so + rows, mask=mrow, other=0.0)
-                tl.store(scr_ptr + so + rows, s0 + add_dcs_f, mask=mrow)
-            if DO_B:
-                s3 = tl.load(scr_ptr + so + 3 * L + rows, mask=mrow, other=0.0)
-                tl.store(scr_ptr + so + 3 * L + rows, s3 + add_dcs_b, mask=mrow)
-                tl.store(scr_ptr + so + 4 * L + rows, add_ddt_b, mask=mrow)
-        else:
+        if DO_F:
             s0 = tl.load(scr_ptr + so + rows, mask=mrow, other=0.0)
-            if DO_F:
-                s0 += add_dcs_f
-            if DO_B:
-                s0 += add_dcs_b
-                s1 = tl.load(scr_ptr + so + L + rows, mask=mrow, other=0.0)
-                tl.store(scr_ptr + so + L + rows, s1 + add_ddt_b, mask=mrow)
-            tl.store(scr_ptr + so + rows, s0, mask=mrow)
+            tl.store(scr_ptr + so + rows, s0 + add_dcs_f, mask=mrow)
         if DO_B:
             s2 = tl.load(scr_ptr + so + 2 * L + rows, mask=mrow, other=0.0)
             tl.store(scr_ptr + so + 2 * L + rows, s2 - add_dcs_b, mask=mrow)
+            s3 = tl.load(scr_ptr + so + 3 * L + rows, mask=mrow, other=0.0)
+            tl.store(scr_ptr + so + 3 * L + rows, s3 + add_dcs_b, mask=mrow)
+            tl.store(scr_ptr + so + 4 * L + rows, add_ddt_b, mask=mrow)
 
-    tl.debug_barrier()
-    # ------------------------------------------------------------------ pass C (reverse walk)
-    # da[j] = sum_{k>=j} dcs[k] + da_direct[j];  ddt_raw = (ddt_direct + A da) * d dt/d raw
+    # per-(batch * head, segment) partial of dD (from the first launch only)
+    if not ACC:
+        tl.store(part_ptr + (pid.to(tl.int64) * nseg + seg) * P + offs_p, dD_acc, mask=mask_p)
+
+
+@triton.jit
+def _bi_ssd_bwd_dt_kernel(
+    dt_ptr, A_ptr, bias_ptr, dtb_ptr, ddt_ptr, ddtb_ptr, scr_ptr, part_ptr,
+    L, H, dt_lo, dt_hi,
+    DO_F: tl.constexpr, DO_B: tl.constexpr, SEPARATE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr,
+):
+    """Pass C, one program per (batch * head), reverse walk over per-position scalars only:
+    da[j] = sum_{k>=j} dcs[k] + da_direct[j] per direction;  ddt_raw = (ddt_direct + A da) * d dt/d raw
+    (the two directions' terms summed when they share dt); per-(batch, head) partials [dA, d dt_bias]."""
+    pid = tl.program_id(0)
+    bidx = pid // H
+    hidx = pid % H
+    b64 = bidx.to(tl.int64)
+    offs_q = tl.arange(0, BLOCK_Q)
+    dto = b64 * L * H + hidx
+    so = pid.to(tl.int64) * 5 * L
+    A_raw = tl.load(A_ptr + hidx).to(COMPUTE)
+    A_h = tl.minimum(A_raw, 0.0)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + hidx).to(COMPUTE)
+    else:
+        bias = 0.0
+    nchunks = tl.cdiv(L, BLOCK_Q)
     carry_f = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
     carry_b = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
     dA_vec = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
@@ -486,32 +669,37 @@ def _bi_ssd_bwd_kernel(
         rows = c * BLOCK_Q + offs_q
         mrow = rows < L
         dtf, dgf = _load_dt(dt_ptr + dto, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
-        s_dcs = tl.load(scr_ptr + so + rows, mask=mrow, other=0.0).to(COMPUTE)
-        s_ddt = tl.load(scr_ptr + so + L + rows, mask=mrow, other=0.0).to(COMPUTE)
-        s_dadir = tl.load(scr_ptr + so + 2 * L + rows, mask=mrow, other=0.0).to(COMPUTE)
-        tot = tl.sum(s_dcs, 0)
-        da = carry_f + tl.cumsum(s_dcs, 0, reverse=True)
-        carry_f += tot
-        if not SEPARATE:
-            da += s_dadir
-        g = (s_ddt + A_h * da) * dgf
-        tl.store(ddt_ptr + dto + rows * H, g.to(ddt_ptr.dtype.element_ty), mask=mrow)
-        dA_vec += dtf * da
-        dbias_vec += g
-        if SEPARATE:
-            dtb, dgb = _load_dt(dtb_ptr + dto, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
+        zero = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
+        if DO_F:
+            s_dcs = tl.load(scr_ptr + so + rows, mask=mrow, other=0.0).to(COMPUTE)
+            s_ddt = tl.load(scr_ptr + so + L + rows, mask=mrow, other=0.0).to(COMPUTE)
+        else:
+            s_dcs = zero
+            s_ddt = zero
+        if DO_B:
+            s_dadir = tl.load(scr_ptr + so + 2 * L + rows, mask=mrow, other=0.0).to(COMPUTE)
             s_dcsb = tl.load(scr_ptr + so + 3 * L + rows, mask=mrow, other=0.0).to(COMPUTE)
             s_ddtb = tl.load(scr_ptr + so + 4 * L + rows, mask=mrow, other=0.0).to(COMPUTE)
-            totb = tl.sum(s_dcsb, 0)
-            dab = carry_b + tl.cumsum(s_dcsb, 0, reverse=True) + s_dadir
-            carry_b += totb
+        else:
+            s_dadir = zero
+            s_dcsb = zero
+            s_ddtb = zero
+        da = carry_f + tl.cumsum(s_dcs, 0, reverse=True)
+        carry_f += tl.sum(s_dcs, 0)
+        dab = carry_b + tl.cumsum(s_dcsb, 0, reverse=True) + s_dadir
+        carry_b += tl.sum(s_dcsb, 0)
+        if SEPARATE:
+            g = (s_ddt + A_h * da) * dgf
+            dtb, dgb = _load_dt(dtb_ptr + dto, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
             gb = (s_ddtb + A_h * dab) * dgb
             tl.store(ddtb_ptr + dto + rows * H, gb.to(ddtb_ptr.dtype.element_ty), mask=mrow)
-            dA_vec += dtb * dab
-            dbias_vec += gb
-    # per-(batch, head) partials: [dA, d dt_bias, dD[0..P)]
-    po = pid.to(tl.int64) * (P + 2)
+            dA_vec += dtf * da + dtb * dab
+            dbias_vec += g + gb
+        else:
+            g = (s_ddt + s_ddtb + A_h * (da + dab)) * dgf
+            dA_vec += dtf * (da + dab)
+            dbias_vec += g
+        tl.store(ddt_ptr + dto + rows * H, g.to(ddt_ptr.dtype.element_ty), mask=mrow)
     dA_tot = tl.where(A_raw < 0.0, tl.sum(dA_vec, 0), 0.0)  # as ops.reference.clamp_A
-    tl.store(part_ptr + po, dA_tot)
-    tl.store(part_ptr + po + 1, tl.sum(dbias_vec, 0))
-    tl.store(part_ptr + po + 2 + offs_p, dD_acc, mask=mask_p)
+    tl.store(part_ptr + pid.to(tl.int64) * 2, dA_tot)
+    tl.store(part_ptr + pid.to(tl.int64) * 2 + 1, tl.sum(dbias_vec, 0))

@@ -1,46 +1,85 @@
 """Autograd wrapper of the fused Triton bidirectional SSD kernels (``bi_ssd(..., backend="triton")``).
 
-One kernel launch forward, one backward (plus a few tiny reductions over the batch in torch).
-On CUDA the kernels are autotuned over :data:`FWD_CONFIGS` / :data:`BWD_CONFIGS`; under the
-Triton interpreter (``TRITON_INTERPRET=1``, CPU tensors) the first config runs unless one is
-forced with :func:`force_config`.
+Forward: a state kernel (segment-boundary states; skipped when the sequence is one segment) and one forward
+launch. Backward: a state kernel, one segment-kernel launch per direction (or one for both, ``split=False``),
+and the pass-C kernel, plus a few tiny reductions over the batch in torch. On CUDA the kernels are autotuned over
+:data:`FWD_CONFIGS` / :data:`BWD_CONFIGS` / :data:`STATE_CONFIGS` (``YOLO_BIMAMBA_AUTOTUNE=0``: no autotuning,
+:data:`DEFAULT_CONFIGS`); under the Triton interpreter (``TRITON_INTERPRET=1``, CPU tensors) the default configs
+run unless one is forced with :func:`force_config`.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-from .triton_kernels import BWD_CONFIGS, FWD_CONFIGS, _bi_ssd_bwd_kernel, _bi_ssd_fwd_kernel, prune_bwd_configs
+from .triton_kernels import (
+    BWD_CONFIGS, FWD_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS, _bi_ssd_bwd_dt_kernel, _bi_ssd_bwd_kernel,
+    _bi_ssd_fwd_kernel, _bi_ssd_state_kernel, prune_bwd_configs,
+)
 from .validate import validate_bi_ssd
 
-__all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS"]
+__all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE_CONFIGS"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_forced = {"fwd": None, "bwd": None}
+_forced = {"fwd": None, "bwd": None, "state": None, "seg": None, "split": None}
+# "both" directions: the backward's segment kernel runs once per direction (the second launch adds to the first's
+# dx, dB, dC) instead of once with both directions in one program (fewer registers per program; see the benchmark)
+_SPLIT_DIRECTIONS = os.environ.get("YOLO_BIMAMBA_SPLIT_DIRECTIONS", "1") not in ("", "0")
+# segment-parallel backward: aim for about this many backward programs per streaming multiprocessor
+_PROGRAMS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_PROGRAMS_PER_SM", "4"))
 # test hook: allocate every output / gradient buffer filled with NaN so unwritten elements show
 _POISON = os.environ.get("YOLO_BIMAMBA_POISON", "0") not in ("", "0")
+# YOLO_BIMAMBA_AUTOTUNE=0: no autotuning (no compile of every config on first use); DEFAULT_CONFIGS are used
+_AUTOTUNE = os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1") not in ("", "0")
+DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 2}
 
 _KEY = ["P", "N", "DO_F", "DO_B", "SHIFT", "HAS_D", "D_PER_P", "HAS_BIAS", "SOFTPLUS", "COMPUTE"]
 _fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=_KEY)(_bi_ssd_fwd_kernel)
 _bwd_tuned = triton.autotune(
-    configs=BWD_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD"],
+    configs=BWD_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD", "ACC", "DOT_IN"],
     prune_configs_by={"early_config_prune": prune_bwd_configs},
 )(_bi_ssd_bwd_kernel)
+_state_tuned = triton.autotune(
+    configs=STATE_CONFIGS, key=["P", "N", "GRAD", "DO_F", "DO_B", "SHIFT", "HAS_BIAS", "SOFTPLUS", "COMPUTE", "DOT_PREC"],
+)(_bi_ssd_state_kernel)
 
 
 @contextlib.contextmanager
-def force_config(fwd: int | None = None, bwd: int | None = None):
-    """Run the kernels with ``FWD_CONFIGS[fwd]`` / ``BWD_CONFIGS[bwd]`` instead of autotuning."""
+def force_config(fwd: int | None = None, bwd: int | None = None, state: int | None = None, seg: int | None = None,
+                 split: bool | None = None):
+    """Run the kernels with ``FWD_CONFIGS[fwd]`` / ``BWD_CONFIGS[bwd]`` / ``STATE_CONFIGS[state]`` instead of
+    autotuning, with segments of ``seg`` rows (a multiple of ``SEG_MULTIPLE``), and (``split``) with the backward's
+    two directions in two launches (True) or one (False)."""
+    if seg is not None and (seg < SEG_MULTIPLE or seg % SEG_MULTIPLE):
+        raise ValueError(f"seg must be a positive multiple of {SEG_MULTIPLE}, got {seg}")
     old = dict(_forced)
-    _forced["fwd"], _forced["bwd"] = fwd, bwd
+    _forced.update(fwd=fwd, bwd=bwd, state=state, seg=seg, split=split)
     try:
         yield
     finally:
         _forced.update(old)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index):
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def segment_rows(b, h, L, device) -> int:
+    """Rows per program of the segment-parallel backward: enough segments for about
+    ``_PROGRAMS_PER_SM`` programs per SM, each a whole number of ``SEG_MULTIPLE`` rows."""
+    if _forced["seg"] is not None:
+        return _forced["seg"]
+    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else 4
+    blocks = triton.cdiv(L, SEG_MULTIPLE)
+    nseg = max(1, min(blocks, int(_PROGRAMS_PER_SM * sms) // (b * h)))
+    return SEG_MULTIPLE * triton.cdiv(blocks, nseg)
 
 
 @contextlib.contextmanager
@@ -86,8 +125,10 @@ def _compute_dtype(x):
 
 def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs):
     idx = _forced[which]
-    if idx is None and _INTERPRET:
-        idx = 0  # the interpreter cannot time configs; tests force each one explicitly
+    if idx is None and (_INTERPRET or not _AUTOTUNE):
+        # the interpreter cannot time configs (tests force each one explicitly); without autotuning, the config
+        # that was fastest on an H200 at the detection shapes
+        idx = DEFAULT_CONFIGS[which]
     if idx is None:
         tuned_fn[grid_fn](*args, **kwargs)
         return
@@ -107,6 +148,44 @@ def _pow2(v):
     return max(16, triton.next_power_of_2(v))
 
 
+def _dot_prec(x):
+    # the backward's fp32 dots feed differences of nearly equal sums: see triton_kernels' docstring
+    return "ieee" if x.dtype == torch.float64 else "tf32x3"
+
+
+def _dot_precisions(x):
+    """(DOT_PREC, DOT_IN, DOT_LO) of the backward: dots feeding the log-decay gradients and the states; dots of two
+    loaded inputs (exact in tf32 when the inputs are 16-bit); dots feeding dx, dB, dC only (tf32 allowed)."""
+    if x.dtype == torch.float64:
+        return "ieee", "ieee", "ieee"
+    return "tf32x3", ("tf32" if x.dtype in (torch.float16, torch.bfloat16) else "tf32x3"), "tf32"
+
+
+def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias):
+    """(segment rows, number of segments, states at the segment boundaries).
+
+    dy None (forward): slots S_f, S_b, shape (b*h, 2, nseg, n, p). dy given (backward): slots S_f, dS_b, dS_f, S_b,
+    shape (b*h, 4, nseg, n, p). One segment starts from zero states (no state kernel launch)."""
+    dt_softplus, lo, hi, do_f, do_b, shift = opts
+    b, l, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    grad = dy is not None
+    cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    seg = segment_rows(b, h, l, x.device)
+    nseg = triton.cdiv(l, seg)
+    nslot = 4 if grad else 2
+    if nseg == 1:
+        return seg, 1, torch.zeros((b * h, nslot, 1, n, p), dtype=cdt, device=x.device)
+    st = _alloc((b * h, nslot, nseg, n, p), cdt, x.device)
+    prec = _dot_prec(x) if grad or x.dtype == torch.float64 else "tf32"  # the forward's dots: Triton's default
+    _launch(_bi_ssd_state_kernel, _state_tuned, STATE_CONFIGS, "state",
+            lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"]), nslot),
+            (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy if grad else x, st, l, h, g, seg, lo, hi),
+            dict(P=p, N=n, BLOCK_N=_pow2(n), GRAD=grad, DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias,
+                 SOFTPLUS=dt_softplus, COMPUTE=_compute_dtype(x), DOT_PREC=prec))
+    return seg, nseg, st
+
+
 class _BiSSDFn(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
@@ -118,13 +197,15 @@ class _BiSSDFn(torch.autograd.Function):
         dtb, Bb, Cb = (dt_bwd, B_bwd, C_bwd) if separate else (dt, B, C)
         y = _alloc(x.shape, _acc_dtype(x.dtype), x.device)
         has_d, has_bias = D is not None, dt_bias is not None
-        args = (x, dt, A, B, C, D if has_d else x, dt_bias if has_bias else x, dtb, Bb, Cb, y, l, h, g, lo, hi)
+        bias_arg = dt_bias if has_bias else x
+        seg, nseg, st = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, None, opts, has_bias)
+        args = (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, y, st, l, h, g, seg, lo, hi)
         kwargs = dict(
             P=p, N=n, BLOCK_N=_pow2(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_D=has_d,
             D_PER_P=has_d and D.dim() == 2, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=_compute_dtype(x),
         )
         _launch(_bi_ssd_fwd_kernel, _fwd_tuned, FWD_CONFIGS, "fwd",
-                lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"])), args, kwargs)
+                lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"]), nseg), args, kwargs)
         ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd)
         ctx.opts = opts
         return y.to(x.dtype)
@@ -154,30 +235,46 @@ class _BiSSDFn(torch.autograd.Function):
         else:
             ddtb, dBb, dCb = ddt, dB, dC
         cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        scr = _alloc((b * h, 5 if separate else 3, l), cdt, dev)
-        part = _alloc((b, h, p + 2), cdt, dev)
+        scr = _alloc((b * h, 5, l), cdt, dev)
         has_d, has_bias = D is not None, dt_bias is not None
-        args = (x, dt, A, B, C, D if has_d else x, dt_bias if has_bias else x, dtb, Bb, Cb, dy,
-                dx, dB, dC, ddt, dBb, dCb, ddtb, scr, part, l, h, g, lo, hi)
+        bias_arg = dt_bias if has_bias else x
+        seg, nseg, st = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, ctx.opts, has_bias)
+        part_d = _alloc((b, h, nseg, p), cdt, dev)
+        part = _alloc((b, h, 2), cdt, dev)
+        common = dict(DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
+                      COMPUTE=_compute_dtype(x))
+        prec, prec_in, prec_lo = _dot_precisions(x)
+        args = (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, dy,
+                dx, dB, dC, ddt, dBb, dCb, ddtb, scr, part_d, st, l, h, g, seg, lo, hi)
         kwargs = dict(
-            P=p, N=n, BLOCK_P=_pow2(p), BLOCK_N=_pow2(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, SEPARATE=separate,
-            HAS_D=has_d, D_PER_P=has_d and D.dim() == 2, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
-            GRAD_PER_HEAD=per_head, COMPUTE=_compute_dtype(x),
-            DOT_PREC="ieee" if x.dtype == torch.float64 else "tf32x3",  # see triton_kernels' docstring
+            P=p, N=n, BLOCK_P=_pow2(p), BLOCK_N=_pow2(n), SEPARATE=separate, HAS_D=has_d,
+            D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head, DOT_PREC=prec, DOT_IN=prec_in, DOT_LO=prec_lo,
+            **common,
         )
-        _launch(_bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", lambda meta: (b * h,), args, kwargs)
+        split = _SPLIT_DIRECTIONS if _forced["split"] is None else _forced["split"]
+        grid = lambda meta: (b * h, nseg)  # noqa: E731
+        if do_f and do_b and split:
+            _launch(_bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid, args, {**kwargs, "DO_B": False, "ACC": False})
+            _launch(_bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid, args, {**kwargs, "DO_F": False, "ACC": True})
+        else:
+            _launch(_bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid, args, {**kwargs, "ACC": False})
+        _bi_ssd_bwd_dt_kernel[(b * h,)](
+            dt, A, bias_arg, dtb, ddt, ddtb, scr, part, l, h, lo, hi, DO_F=do_f, DO_B=do_b, SEPARATE=separate,
+            HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=_compute_dtype(x), BLOCK_Q=PASS_C_ROWS,
+        )
 
         def fold(t, like):  # per-head fp32 partials -> per-group gradient in the input's dtype
             if per_head:
                 t = t.view(b, l, g, h // g, n).sum(3)
             return t.to(like.dtype)
 
-        tot = part.sum(0)  # (h, p + 2)
+        tot = part.sum(0)  # (h, 2)
         dA = tot[:, 0].to(A.dtype)
         ddt_bias = tot[:, 1].to(dt_bias.dtype) if has_bias else None
         dD = None
         if has_d:
-            dD = (tot[:, 2:] if D.dim() == 2 else tot[:, 2:].sum(1)).to(D.dtype)
+            tot_d = part_d.sum((0, 2))  # (h, p)
+            dD = (tot_d if D.dim() == 2 else tot_d.sum(1)).to(D.dtype)
         grads = [dx.to(x.dtype), ddt, dA, fold(dB, B), fold(dC, C), dD, ddt_bias]
         if separate:
             grads += [ddtb, fold(dBb, B_bwd), fold(dCb, C_bwd)]
