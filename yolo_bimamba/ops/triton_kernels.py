@@ -50,16 +50,16 @@ import triton.language as tl
 # ---------------------------------------------------------------------------------------------
 # Configurations. Every config must give the same result; tests force each one in turn.
 # ---------------------------------------------------------------------------------------------
-FWD_CONFIGS = [
-    triton.Config({"BLOCK_Q": bq, "BLOCK_P": bp}, num_warps=nw, num_stages=1)
-    for bq, bp, nw in [
-        (32, 32, 2),
-        (64, 32, 4),
-        (64, 64, 4),
-    ]
-]
-# (BLOCK_Q 128 forward configs were dropped: slower than (64, 64, 4) on an H200 at the detection shapes, and they
-# would force segments of 128 rows)
+# (BLOCK_Q, BLOCK_P, num_warps) of the forward and of the state kernel. BLOCK_Q 128 forward tiles were dropped:
+# slower than (64, 64, 4) on an H200 at the detection shapes, and they would force segments of 128 rows.
+_QP_TILES = [(32, 32, 2), (64, 32, 4), (64, 64, 4)]
+
+
+def _qp_configs(tiles):
+    return [triton.Config({"BLOCK_Q": bq, "BLOCK_P": bp}, num_warps=nw, num_stages=1) for bq, bp, nw in tiles]
+
+
+FWD_CONFIGS = _qp_configs(_QP_TILES)
 BWD_CONFIGS = [
     triton.Config({"BLOCK_Q": bq}, num_warps=nw, num_stages=1)
     # BLOCK_Q = 128 needs > 227 KB of shared memory at headdim = d_state = 64 on sm_90; (64, 8 warps) was the
@@ -72,15 +72,8 @@ BWD_CONFIGS = [
 ]
 
 
-# the chunk-boundary state walk (one state kind per program, one block of headdim)
-STATE_CONFIGS = [
-    triton.Config({"BLOCK_Q": bq, "BLOCK_P": bp}, num_warps=nw, num_stages=1)
-    for bq, bp, nw in [
-        (32, 32, 2),
-        (64, 32, 4),
-        (64, 64, 4),
-    ]
-]
+# the chunk-boundary state walk (one state kind per program, one block of headdim): the forward's tiles
+STATE_CONFIGS = _qp_configs(_QP_TILES)
 # segments are a whole number of chunks of every kernel and config (the BLOCK_Qs are powers of two)
 SEG_MULTIPLE = max(c.kwargs["BLOCK_Q"] for c in FWD_CONFIGS + BWD_CONFIGS + STATE_CONFIGS)
 assert all(SEG_MULTIPLE % c.kwargs["BLOCK_Q"] == 0 for c in FWD_CONFIGS + BWD_CONFIGS + STATE_CONFIGS)
@@ -141,6 +134,16 @@ def _last(v, offs_q, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _chunk_decay(dt_ptr, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS: tl.constexpr,
+                 COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """One chunk's processed dt, log-decays a = dt A, their inclusive cumsum and its last value."""
+    dtv, _unused = _load_dt(dt_ptr, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
+    a = dtv * A_h
+    cs = tl.cumsum(a, 0)
+    return dtv, a, cs, _last(cs, offs_q, BLOCK_Q)
+
+
+@triton.jit
 def _bi_ssd_fwd_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, y_ptr, st_ptr,
     L, H, G, SEG, dt_lo, dt_hi,
@@ -193,10 +196,7 @@ def _bi_ssd_fwd_kernel(
         for c in range(c0, c1):
             rows = c * BLOCK_Q + offs_q
             mrow = rows < L
-            dtv, _unused = _load_dt(dt_base, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
-            a = dtv * A_h
-            cs = tl.cumsum(a, 0)
-            cs_last = _last(cs, offs_q, BLOCK_Q)
+            dtv, a, cs, cs_last = _chunk_decay(dt_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             m_xp = mrow[:, None] & mask_p[None, :]
             xv = tl.load(x_base + rows[:, None] * (H * P) + offs_p[None, :], mask=m_xp, other=0.0).to(COMPUTE)
             m_bn = mrow[:, None] & mask_n[None, :]
@@ -233,11 +233,8 @@ def _bi_ssd_fwd_kernel(
             c = c1 - 1 - ci
             rows = c * BLOCK_Q + offs_q
             mrow = rows < L
-            dtv, _unused = _load_dt(dtb_base, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
-            a = dtv * A_h
-            cs = tl.cumsum(a, 0)
+            dtv, a, cs, cs_last = _chunk_decay(dtb_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             csx = cs - a
-            cs_last = _last(cs, offs_q, BLOCK_Q)
             m_xp = mrow[:, None] & mask_p[None, :]
             xv = tl.load(x_base + rows[:, None] * (H * P) + offs_p[None, :], mask=m_xp, other=0.0).to(COMPUTE)
             m_bn = mrow[:, None] & mask_n[None, :]
@@ -307,10 +304,7 @@ def _state_walk(v_ptr, r_ptr, dt_base, st_base, A_h, bias, L, H, SEG, v_stride, 
         tl.store(st_ptrs + seg.to(tl.int64) * (N * P), S, mask=m_st & at_bound)
         rows = c * BLOCK_Q + offs_q
         mrow = rows < L
-        dtv, _unused = _load_dt(dt_base, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
-        a = dtv * A_h
-        cs = tl.cumsum(a, 0)
-        last = _last(cs, offs_q, BLOCK_Q)
+        dtv, a, cs, last = _chunk_decay(dt_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
         if MODE == 0:
             w = tl.exp(last - cs) * dtv
         elif MODE == 1:
@@ -471,10 +465,7 @@ def _bi_ssd_bwd_kernel(
         vb_dadir = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
         dCv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
         if DO_F:
-            dtf, _u0 = _load_dt(dt_ptr + dto, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
-            af = dtf * A_h
-            csf = tl.cumsum(af, 0)
-            lastf = _last(csf, offs_q, BLOCK_Q)
+            dtf, af, csf, lastf = _chunk_decay(dt_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             Bf = tl.load(B_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             Cf = tl.load(C_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             if SHIFT:  # y_f[t] = z_f[t-1]  ->  dz_f[t] = dy[t+1]
@@ -500,11 +491,8 @@ def _bi_ssd_bwd_kernel(
             dxv += dtf[:, None] * (uf + diagf[:, None] * dzf)
             tl.store(dB_ptr + go + rows[:, None] * gstride + offs_n[None, :], dBf.to(dB_ptr.dtype.element_ty), mask=m_bn)
         if DO_B:
-            dtb, _u1 = _load_dt(dtb_ptr + dto, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
-            ab = dtb * A_h
-            csb = tl.cumsum(ab, 0)
+            dtb, ab, csb, lastb = _chunk_decay(dtb_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             csxb = csb - ab
-            lastb = _last(csb, offs_q, BLOCK_Q)
             Bbv = tl.load(Bb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             Cbv = tl.load(Cb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             if SHIFT:  # y_b[t] = z_b[t+1]  ->  dz_b[t] = dy[t-1]
@@ -560,10 +548,7 @@ def _bi_ssd_bwd_kernel(
         bn_off = rows[:, None] * bstride + offs_n[None, :]
         xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
         if DO_F:
-            dtf, _u2 = _load_dt(dt_ptr + dto, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
-            af = dtf * A_h
-            csf = tl.cumsum(af, 0)
-            lastf = _last(csf, offs_q, BLOCK_Q)
+            dtf, af, csf, lastf = _chunk_decay(dt_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             Bf = tl.load(B_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             Cf = tl.load(C_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             if SHIFT:
@@ -584,11 +569,8 @@ def _bi_ssd_bwd_kernel(
             S = tl.exp(lastf) * S + tl.dot(tl.trans(Bf * (tl.exp(lastf - csf) * dtf)[:, None]), xv, input_precision=DOT_PREC)
             add_dcs_f = Yf
         if DO_B:
-            dtb, _u3 = _load_dt(dtb_ptr + dto, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
-            ab = dtb * A_h
-            csb = tl.cumsum(ab, 0)
+            dtb, ab, csb, lastb = _chunk_decay(dtb_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             csxb = csb - ab
-            lastb = _last(csb, offs_q, BLOCK_Q)
             Bbv = tl.load(Bb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             Cbv = tl.load(Cb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             if SHIFT:
