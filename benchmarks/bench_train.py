@@ -110,14 +110,59 @@ def model_info(yaml: str, imgsz: int = 640) -> dict:
     return {"params": sum(p.numel() for p in m.parameters()), "gflops": round(fc.get_total_flops() / 1e9, 2)}
 
 
-def onnx_latency(yaml: str, imgsz: int, workdir: Path, reps: int = 20) -> dict:
+def onnx_only(args, reps: int = 21) -> None:
+    """Params, GFLOPs and ONNX CPU latency of every model, timed in interleaved rounds (one run of each model per
+    round, median over the rounds) so that the ratios between models are measured side by side."""
+    import numpy as np
+    import onnxruntime as ort
+    import ultralytics
+    from ultralytics import YOLO
+
+    threads = args.onnx_threads or os.cpu_count()
+    meta = {"host": platform.node(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
+            "onnx_threads": threads, "onnxruntime": ort.__version__, "torch": torch.__version__,
+            "ultralytics": ultralytics.__version__, "python": platform.python_version(), "imgsz": args.imgsz,
+            "rounds": reps, "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    work = Path(tempfile.mkdtemp(prefix="bench_onnx_"))
+    x = np.random.default_rng(0).random((1, 3, args.imgsz, args.imgsz), dtype=np.float32)
+    info, sessions = {}, {}
+    for yaml in args.models:
+        info[yaml] = model_info(yaml, args.imgsz)
+        path = YOLO(yaml).export(format="onnx", imgsz=args.imgsz, simplify=False, device="cpu", project=str(work))
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        name = sess.get_inputs()[0].name
+        sessions[yaml] = lambda sess=sess, name=name: sess.run(None, {name: x})
+        for _ in range(3):
+            sessions[yaml]()
+    times = {yaml: [] for yaml in sessions}
+    for _ in range(reps):
+        for yaml, run in sessions.items():
+            t0 = time.perf_counter()
+            run()
+            times[yaml].append(time.perf_counter() - t0)
+    for yaml in sessions:
+        info[yaml]["onnx_cpu_ms_per_image"] = round(statistics.median(times[yaml]) * 1e3, 2)
+        print(yaml, info[yaml], flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"onnx-cpu-{meta['cpu_count']}core.json"
+    path.write_text(json.dumps({"meta": meta, "models": info}, indent=2))
+    print(f"wrote {path}")
+
+
+def onnx_latency(yaml: str, imgsz: int, workdir: Path, reps: int = 20, threads: int | None = None) -> dict:
     import numpy as np
     import onnxruntime as ort
     from ultralytics import YOLO
 
     m = YOLO(yaml)
     path = m.export(format="onnx", imgsz=imgsz, simplify=False, device="cpu", project=str(workdir))
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     x = np.random.rand(1, 3, imgsz, imgsz).astype(np.float32)
     name = sess.get_inputs()[0].name
     for _ in range(3):
@@ -127,7 +172,7 @@ def onnx_latency(yaml: str, imgsz: int, workdir: Path, reps: int = 20) -> dict:
         t0 = time.perf_counter()
         sess.run(None, {name: x})
         ts.append(time.perf_counter() - t0)
-    return {"onnx_cpu_ms_per_image": round(statistics.median(ts) * 1e3, 2), "onnx_threads": os.cpu_count()}
+    return {"onnx_cpu_ms_per_image": round(statistics.median(ts) * 1e3, 2), "onnx_threads": threads or os.cpu_count()}
 
 
 def make_synthetic_dataset(root: Path, n_train: int, imgsz: int) -> Path:
@@ -188,9 +233,14 @@ def main():
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--onnx", action="store_true", help="also export ONNX and time CPU inference")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--onnx-only", action="store_true",
+                    help="only params, GFLOPs and ONNX CPU latency (no GPU needed); writes onnx-cpu-<host>.json")
+    ap.add_argument("--onnx-threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
     args = ap.parse_args()
+    if args.onnx_only:
+        return onnx_only(args)
     if not torch.cuda.is_available():
-        sys.exit("bench_train.py needs a CUDA GPU")
+        sys.exit("bench_train.py needs a CUDA GPU (or --onnx-only)")
     import triton
     import ultralytics
 

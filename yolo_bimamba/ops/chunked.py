@@ -23,11 +23,19 @@ def _pad_seq(t: torch.Tensor, pad: int) -> torch.Tensor:
     return F.pad(t, spec)
 
 
+def _masked_decay(seg: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """exp(seg) where mask, else 0. Where mask holds, seg is a sum of non-positive log-decays (<= 0); elsewhere it
+    is >= 0 and is clamped to 0 before exp, so nothing overflows, and the float mask zeroes it (and its gradient).
+    Min / Exp / Mul export to ONNX ops that run fast on CPU (a boolean Where over these tensors does not)."""
+    return torch.exp(seg.clamp(max=0.0)) * mask
+
+
 def causal_scan(x, dt, A, B, C, chunk: int):
     """z[t] = sum_{s<=t} (C_t . B_s) dt_s prod_{k=s+1..t} exp(dt_k A) x_s.
 
     x (b, l, h, p), dt (b, l, h) already processed (>= 0), A (h,) <= 0, B/C (b, l, g, n).
     All tensors share one floating dtype (fp32 or fp64). Returns z (b, l, h, p).
+    Internally (batch, group, head in group, chunk, row, ...), so every contraction is a batched matmul.
     """
     b, l, h, p = x.shape
     g, n = B.shape[2], B.shape[3]
@@ -35,37 +43,33 @@ def causal_scan(x, dt, A, B, C, chunk: int):
     pad = (-l) % chunk
     nc = (l + pad) // chunk
     # padded steps have dt = 0: they add nothing and decay by exp(0) = 1
-    xs = _pad_seq(x, pad).reshape(b, nc, chunk, g, r, p)
-    dts = _pad_seq(dt, pad).reshape(b, nc, chunk, g, r)
-    Bs = _pad_seq(B, pad).reshape(b, nc, chunk, g, n)
-    Cs = _pad_seq(C, pad).reshape(b, nc, chunk, g, n)
+    xs = _pad_seq(x, pad).reshape(b, nc, chunk, g, r, p).permute(0, 3, 4, 1, 2, 5)  # (b, g, r, c, t, p)
+    dts = _pad_seq(dt, pad).reshape(b, nc, chunk, g, r).permute(0, 3, 4, 1, 2)  # (b, g, r, c, t)
+    Bs = _pad_seq(B, pad).reshape(b, nc, chunk, g, 1, n).permute(0, 3, 4, 1, 2, 5)  # (b, g, 1, c, t, n)
+    Cs = _pad_seq(C, pad).reshape(b, nc, chunk, g, 1, n).permute(0, 3, 4, 1, 2, 5)
 
-    a = dts * A.reshape(g, r)  # log-decays, <= 0
-    cs = torch.cumsum(a, dim=2)  # within-chunk inclusive sums
-    neg_inf = torch.tensor(float("-inf"), dtype=x.dtype, device=x.device)
+    a = dts * A.reshape(g, r)[None, :, :, None, None]  # log-decays, <= 0
+    cs = torch.cumsum(a, dim=-1)  # within-chunk inclusive sums
 
-    # intra-chunk: exp(cs[t] - cs[s]) for s <= t
+    # intra-chunk: (C_t . B_s) exp(cs[t] - cs[s]) dt_s for s <= t
     idx = torch.arange(chunk, device=x.device)
-    tri = (idx[None, :] <= idx[:, None])[None, None, :, :, None, None]  # (t, s)
-    seg = cs[:, :, :, None] - cs[:, :, None, :]  # (b, nc, t, s, g, r)
-    decay = torch.exp(torch.where(tri, seg, neg_inf))
-    G = torch.einsum("bctgn,bcsgn->bctsg", Cs, Bs)
-    W = G[..., None] * decay * dts[:, :, None]  # dt at s
-    y = torch.einsum("bctsgr,bcsgrp->bctgrp", W, xs)
+    tri = (idx[None, :] <= idx[:, None]).to(x.dtype)  # (t, s)
+    decay = _masked_decay(cs[..., :, None] - cs[..., None, :], tri)  # (b, g, r, c, t, s)
+    W = torch.matmul(Cs, Bs.transpose(-1, -2)) * decay * dts[..., None, :]
+    y = torch.matmul(W, xs)  # (b, g, r, c, t, p)
 
-    # state contributed by each chunk, taken to its end
-    to_end = torch.exp(cs[:, :, -1:] - cs) * dts  # (b, nc, s, g, r)
-    states = torch.einsum("bcsgn,bcsgr,bcsgrp->bcgrnp", Bs, to_end, xs)
-    # state entering chunk c: sum_{c'<c} exp(sum_{k=c'+1..c-1} A_k) states[c']
-    chunk_a = cs[:, :, -1]  # (b, nc, g, r)
-    acum = torch.cumsum(chunk_a, dim=1)
+    # state contributed by each chunk, taken to its end: (n, p) per chunk
+    to_end = torch.exp(cs[..., -1:] - cs) * dts  # (b, g, r, c, s)
+    states = torch.matmul((Bs * to_end[..., None]).transpose(-1, -2), xs)  # (b, g, r, c, n, p)
+    # state entering chunk c: sum_{c'<c} exp(sum of the log-decays of chunks c'+1..c-1) states[c']
+    chunk_a = cs[..., -1]  # (b, g, r, c)
+    acum = torch.cumsum(chunk_a, dim=-1)
     cidx = torch.arange(nc, device=x.device)
-    lower = (cidx[None, :] < cidx[:, None])[None, :, :, None, None]
-    cseg = (acum - chunk_a)[:, :, None] - acum[:, None, :]  # (b, c, c', g, r)
-    T = torch.exp(torch.where(lower, cseg, neg_inf))
-    s_in = torch.einsum("bcdgr,bdgrnp->bcgrnp", T, states)
-    y = y + torch.einsum("bctgn,bcgrnp->bctgrp", Cs, s_in) * torch.exp(cs)[..., None]
-    return y.reshape(b, nc * chunk, h, p)[:, :l]
+    lower = (cidx[None, :] < cidx[:, None]).to(x.dtype)  # (c, c')
+    T = _masked_decay((acum - chunk_a)[..., :, None] - acum[..., None, :], lower)  # (b, g, r, c, c')
+    s_in = torch.matmul(T, states.reshape(b, g, r, nc, n * p)).reshape(b, g, r, nc, n, p)
+    y = y + torch.matmul(Cs, s_in) * torch.exp(cs)[..., None]
+    return y.permute(0, 3, 4, 1, 2, 5).reshape(b, nc * chunk, h, p)[:, :l]
 
 
 def _flip(t):
