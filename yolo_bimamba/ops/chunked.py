@@ -2,10 +2,10 @@
 
 Cost O(L * chunk) per head; autograd by PyTorch; runs on CPU and CUDA and is traceable for
 ONNX / TorchScript export (plain tensor ops, no data-dependent Python control flow).
-The reverse direction is the causal scan of the flipped sequence: this backend is the
-reference and the export path, the fused Triton kernels avoid the flips.
-Every exponent passed to ``exp`` is a masked segment sum of non-positive log-decays, so it is
-<= 0 and no ``inf * 0`` can appear.
+The anti-causal direction is scanned as such (no flips), and both directions share the head-major
+copies of their inputs. This backend is the export path, and in float64 the GPU suite's reference.
+Every exponent passed to ``exp`` is a segment sum of non-positive log-decays clamped to <= 0 (the masked-out
+entries are zeroed after exp), so nothing overflows and no ``inf * 0`` can appear.
 """
 from __future__ import annotations
 
@@ -30,78 +30,107 @@ def _masked_decay(seg: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.exp(seg.clamp(max=0.0)) * mask
 
 
-def causal_scan(x, dt, A, B, C, chunk: int):
-    """z[t] = sum_{s<=t} (C_t . B_s) dt_s prod_{k=s+1..t} exp(dt_k A) x_s.
+def _head_major(t: torch.Tensor, pad: int, nc: int, chunk: int, g: int, r: int) -> torch.Tensor:
+    """(b, l, h) -> (b, g, r, c, t) and (b, l, h, p) -> (b, g, r, c, t, p), h = g * r, padded to whole chunks."""
+    b = t.shape[0]
+    t = _pad_seq(t, pad)
+    if t.dim() == 3:
+        return t.reshape(b, nc, chunk, g, r).permute(0, 3, 4, 1, 2)
+    return t.reshape(b, nc, chunk, g, r, t.shape[-1]).permute(0, 3, 4, 1, 2, 5)
 
-    x (b, l, h, p), dt (b, l, h) already processed (>= 0), A (h,) <= 0, B/C (b, l, g, n).
-    All tensors share one floating dtype (fp32 or fp64). Returns z (b, l, h, p).
-    Internally (batch, group, head in group, chunk, row, ...), so every contraction is a batched matmul.
+
+def _seq_major(y: torch.Tensor, l: int) -> torch.Tensor:
+    """(b, g, r, c, t, p) -> (b, l, h, p)."""
+    b, g, r, nc, chunk, p = y.shape
+    return y.permute(0, 3, 4, 1, 2, 5).reshape(b, nc * chunk, g * r, p)[:, :l]
+
+
+def chunk_scan(xs, dts, A, Bs, Cs, reverse: bool):
+    """One direction of the SSD on head-major chunks (see :func:`_head_major`).
+
+    reverse=False (causal): z[t] = sum_{s<=t} (C_t . B_s) dt_s prod_{k=s+1..t} exp(dt_k A) x_s.
+    reverse=True (anti-causal): z[t] = sum_{s>=t} (C_t . B_s) dt_s prod_{k=t..s-1} exp(dt_k A) x_s.
+    xs (b, g, r, c, t, p), dts (b, g, r, c, t) processed (>= 0, 0 on padding), A (h,) <= 0, Bs/Cs (b, g, 1, c, t, n).
+    Returns z (b, g, r, c, t, p). Every contraction is a batched matmul; no flips.
     """
-    b, l, h, p = x.shape
-    g, n = B.shape[2], B.shape[3]
-    r = h // g
-    pad = (-l) % chunk
-    nc = (l + pad) // chunk
-    # padded steps have dt = 0: they add nothing and decay by exp(0) = 1
-    xs = _pad_seq(x, pad).reshape(b, nc, chunk, g, r, p).permute(0, 3, 4, 1, 2, 5)  # (b, g, r, c, t, p)
-    dts = _pad_seq(dt, pad).reshape(b, nc, chunk, g, r).permute(0, 3, 4, 1, 2)  # (b, g, r, c, t)
-    Bs = _pad_seq(B, pad).reshape(b, nc, chunk, g, 1, n).permute(0, 3, 4, 1, 2, 5)  # (b, g, 1, c, t, n)
-    Cs = _pad_seq(C, pad).reshape(b, nc, chunk, g, 1, n).permute(0, 3, 4, 1, 2, 5)
-
+    b, g, r, nc, chunk, p = xs.shape
+    n = Bs.shape[-1]
     a = dts * A.reshape(g, r)[None, :, :, None, None]  # log-decays, <= 0
     cs = torch.cumsum(a, dim=-1)  # within-chunk inclusive sums
+    idx = torch.arange(chunk, device=xs.device)
+    cidx = torch.arange(nc, device=xs.device)
+    if not reverse:
+        tri = (idx[None, :] <= idx[:, None]).to(xs.dtype)  # (t, s): s <= t
+        seg = cs[..., :, None] - cs[..., None, :]  # sum of a over s+1..t
+        w_state = torch.exp(cs[..., -1:] - cs) * dts  # from s to the chunk's end
+        w_out = torch.exp(cs)  # from the chunk's start to t
+    else:
+        csx = cs - a  # exclusive sums
+        tri = (idx[None, :] >= idx[:, None]).to(xs.dtype)  # (t, s): s >= t
+        seg = csx[..., None, :] - csx[..., :, None]  # sum of a over t..s-1
+        w_state = torch.exp(csx) * dts  # from the chunk's start to s (exclusive)
+        w_out = torch.exp(cs[..., -1:] - csx)  # from t to the chunk's end
+    W = torch.matmul(Cs, Bs.transpose(-1, -2)) * _masked_decay(seg, tri) * dts[..., None, :]
+    y = torch.matmul(W, xs)  # intra-chunk
 
-    # intra-chunk: (C_t . B_s) exp(cs[t] - cs[s]) dt_s for s <= t
-    idx = torch.arange(chunk, device=x.device)
-    tri = (idx[None, :] <= idx[:, None]).to(x.dtype)  # (t, s)
-    decay = _masked_decay(cs[..., :, None] - cs[..., None, :], tri)  # (b, g, r, c, t, s)
-    W = torch.matmul(Cs, Bs.transpose(-1, -2)) * decay * dts[..., None, :]
-    y = torch.matmul(W, xs)  # (b, g, r, c, t, p)
-
-    # state contributed by each chunk, taken to its end: (n, p) per chunk
-    to_end = torch.exp(cs[..., -1:] - cs) * dts  # (b, g, r, c, s)
-    states = torch.matmul((Bs * to_end[..., None]).transpose(-1, -2), xs)  # (b, g, r, c, n, p)
-    # state entering chunk c: sum_{c'<c} exp(sum of the log-decays of chunks c'+1..c-1) states[c']
+    # state of each chunk as seen from the chunk boundary the scan leaves it by: (n, p) per chunk
+    states = torch.matmul((Bs * w_state[..., None]).transpose(-1, -2), xs)  # (b, g, r, c, n, p)
     chunk_a = cs[..., -1]  # (b, g, r, c)
     acum = torch.cumsum(chunk_a, dim=-1)
-    cidx = torch.arange(nc, device=x.device)
-    lower = (cidx[None, :] < cidx[:, None]).to(x.dtype)  # (c, c')
-    T = _masked_decay((acum - chunk_a)[..., :, None] - acum[..., None, :], lower)  # (b, g, r, c, c')
+    if not reverse:  # state entering chunk c: chunks c' < c, decayed over chunks c'+1..c-1
+        mask = (cidx[None, :] < cidx[:, None]).to(xs.dtype)
+        cseg = (acum - chunk_a)[..., :, None] - acum[..., None, :]
+    else:  # chunks c' > c, decayed over chunks c+1..c'-1
+        mask = (cidx[None, :] > cidx[:, None]).to(xs.dtype)
+        cseg = (acum - chunk_a)[..., None, :] - acum[..., :, None]
+    T = _masked_decay(cseg, mask)  # (b, g, r, c, c')
     s_in = torch.matmul(T, states.reshape(b, g, r, nc, n * p)).reshape(b, g, r, nc, n, p)
-    y = y + torch.matmul(Cs, s_in) * torch.exp(cs)[..., None]
-    return y.permute(0, 3, 4, 1, 2, 5).reshape(b, nc * chunk, h, p)[:, :l]
-
-
-def _flip(t):
-    return torch.flip(t, dims=(1,))
+    return y + torch.matmul(Cs, s_in) * w_out[..., None]
 
 
 def bi_ssd_torch(
     x, dt, A, B, C, *, chunk_size=64, D=None, dt_bias=None, dt_softplus=False,
     dt_limit=(0.0, float("inf")), direction="both", shift=False, dt_bwd=None, B_bwd=None, C_bwd=None,
 ):
-    """Chunked PyTorch bi-SSD. Internals in fp32 (fp64 for fp64 input); output in x's dtype."""
+    """Chunked PyTorch bi-SSD. Internals in fp32 (fp64 for fp64 input); output in x's dtype.
+
+    Both directions share the head-major copies of x (and of dt, B, C unless the backward direction has its own);
+    the anti-causal direction is computed as such (no flips)."""
     out_dtype = x.dtype
     cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
     with torch.autocast(device_type=x.device.type, enabled=False):
         f = lambda t: None if t is None else t.to(cdt)  # noqa: E731
         xf, Af, Bf, Cf = f(x), clamp_A(f(A)), f(B), f(C)
         dtf = process_dt(f(dt), f(dt_bias), dt_softplus, dt_limit)
-        y = None
+        b, l, h, p = x.shape
+        g = B.shape[2]
+        r = h // g
+        chunk = chunk_size
+        pad = (-l) % chunk
+        nc = (l + pad) // chunk
+        hm = lambda t, rr: _head_major(t, pad, nc, chunk, g, rr)  # noqa: E731
+        xs = hm(xf, r)
+        parts = []  # (z head-major, output shift)
         if direction in ("both", "forward"):
-            z = causal_scan(xf, dtf, Af, Bf, Cf, chunk_size)
-            if shift:  # y[t] = z[t-1]
-                z = F.pad(z[:, :-1], (0, 0, 0, 0, 1, 0))
-            y = z
+            fwd_in = (hm(dtf, r), hm(Bf, 1), hm(Cf, 1))
+            parts.append((chunk_scan(xs, fwd_in[0], Af, fwd_in[1], fwd_in[2], reverse=False), 1))
         if direction in ("both", "backward"):
-            if dt_bwd is None:
-                dtb, Bb, Cb = dtf, Bf, Cf
+            if dt_bwd is not None:
+                dtb = process_dt(f(dt_bwd), f(dt_bias), dt_softplus, dt_limit)
+                bwd_in = (hm(dtb, r), hm(f(B_bwd), 1), hm(f(C_bwd), 1))
+            elif direction == "both":
+                bwd_in = fwd_in
             else:
-                dtb, Bb, Cb = process_dt(f(dt_bwd), f(dt_bias), dt_softplus, dt_limit), f(B_bwd), f(C_bwd)
-            z = _flip(causal_scan(_flip(xf), _flip(dtb), Af, _flip(Bb), _flip(Cb), chunk_size))
-            if shift:  # y[t] = z[t+1]
-                z = F.pad(z[:, 1:], (0, 0, 0, 0, 0, 1))
-            y = z if y is None else y + z
+                bwd_in = (hm(dtf, r), hm(Bf, 1), hm(Cf, 1))
+            parts.append((chunk_scan(xs, bwd_in[0], Af, bwd_in[1], bwd_in[2], reverse=True), -1))
+        if not shift:
+            y = _seq_major(parts[0][0] if len(parts) == 1 else parts[0][0] + parts[1][0], l)
+        else:  # Hydra: y_f[t] = z_f[t-1], y_b[t] = z_b[t+1]
+            y = None
+            for z, step in parts:
+                z = _seq_major(z, l)
+                z = F.pad(z[:, :-1], (0, 0, 0, 0, 1, 0)) if step == 1 else F.pad(z[:, 1:], (0, 0, 0, 0, 0, 1))
+                y = z if y is None else y + z
         if D is not None:
             Df = f(D)
             y = y + xf * (Df[:, None] if Df.dim() == 1 else Df)
