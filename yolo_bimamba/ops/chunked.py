@@ -110,18 +110,15 @@ def bi_ssd_torch(
         nc = (l + pad) // chunk
         hm = lambda t, rr: _head_major(t, pad, nc, chunk, g, rr)  # noqa: E731
         xs = hm(xf, r)
+        main_in = (hm(dtf, r), hm(Bf, 1), hm(Cf, 1))  # dt_bwd/B_bwd/C_bwd come only with direction="both"
         parts = []  # (z head-major, output shift)
         if direction in ("both", "forward"):
-            fwd_in = (hm(dtf, r), hm(Bf, 1), hm(Cf, 1))
-            parts.append((chunk_scan(xs, fwd_in[0], Af, fwd_in[1], fwd_in[2], reverse=False), 1))
+            parts.append((chunk_scan(xs, main_in[0], Af, main_in[1], main_in[2], reverse=False), 1))
         if direction in ("both", "backward"):
+            bwd_in = main_in
             if dt_bwd is not None:
                 dtb = process_dt(f(dt_bwd), f(dt_bias), dt_softplus, dt_limit)
                 bwd_in = (hm(dtb, r), hm(f(B_bwd), 1), hm(f(C_bwd), 1))
-            elif direction == "both":
-                bwd_in = fwd_in
-            else:
-                bwd_in = (hm(dtf, r), hm(Bf, 1), hm(Cf, 1))
             parts.append((chunk_scan(xs, bwd_in[0], Af, bwd_in[1], bwd_in[2], reverse=True), -1))
         if not shift:
             y = _seq_major(parts[0][0] if len(parts) == 1 else parts[0][0] + parts[1][0], l)

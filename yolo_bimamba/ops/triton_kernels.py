@@ -129,6 +129,13 @@ def _load_dt(dt_ptr, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS: tl.constexpr, 
 
 
 @triton.jit
+def _head_coords(pid_bh, H, G):
+    """(head, group, batch as int64) of a program over batch * head (heads of a group are consecutive)."""
+    hidx = pid_bh % H
+    return hidx, hidx // (H // G), (pid_bh // H).to(tl.int64)
+
+
+@triton.jit
 def _last(v, offs_q, BLOCK_Q: tl.constexpr):
     return tl.sum(tl.where(offs_q == BLOCK_Q - 1, v, 0.0), 0)
 
@@ -155,10 +162,7 @@ def _bi_ssd_fwd_kernel(
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
     seg = tl.program_id(2)
-    bidx = pid_bh // H
-    hidx = pid_bh % H
-    gidx = hidx // (H // G)
-    b64 = bidx.to(tl.int64)
+    hidx, gidx, b64 = _head_coords(pid_bh, H, G)
 
     offs_q = tl.arange(0, BLOCK_Q)
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -340,10 +344,7 @@ def _bi_ssd_state_kernel(
         kind = slot
     else:
         kind = slot * 3
-    bidx = pid_bh // H
-    hidx = pid_bh % H
-    gidx = hidx // (H // G)
-    b64 = bidx.to(tl.int64)
+    hidx, gidx, b64 = _head_coords(pid_bh, H, G)
     xo = b64 * L * H * P + hidx * P
     dto = b64 * L * H + hidx
     bco = b64 * L * G * N + gidx * N
@@ -387,10 +388,7 @@ def _bi_ssd_bwd_kernel(
 ):
     pid = tl.program_id(0)
     seg = tl.program_id(1)
-    bidx = pid // H
-    hidx = pid % H
-    gidx = hidx // (H // G)
-    b64 = bidx.to(tl.int64)
+    hidx, gidx, b64 = _head_coords(pid, H, G)
 
     offs_q = tl.arange(0, BLOCK_Q)
     offs_p = tl.arange(0, BLOCK_P)
@@ -629,9 +627,7 @@ def _bi_ssd_bwd_dt_kernel(
     da[j] = sum_{k>=j} dcs[k] + da_direct[j] per direction;  ddt_raw = (ddt_direct + A da) * d dt/d raw
     (the two directions' terms summed when they share dt); per-(batch, head) partials [dA, d dt_bias]."""
     pid = tl.program_id(0)
-    bidx = pid // H
-    hidx = pid % H
-    b64 = bidx.to(tl.int64)
+    hidx, _gidx, b64 = _head_coords(pid, H, 1)
     offs_q = tl.arange(0, BLOCK_Q)
     dto = b64 * L * H + hidx
     so = pid.to(tl.int64) * 5 * L

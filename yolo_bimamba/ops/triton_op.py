@@ -148,11 +148,6 @@ def _pow2(v):
     return max(16, triton.next_power_of_2(v))
 
 
-def _dot_prec(x):
-    # the backward's fp32 dots feed differences of nearly equal sums: see triton_kernels' docstring
-    return "ieee" if x.dtype == torch.float64 else "tf32x3"
-
-
 def _dot_precisions(x):
     """(DOT_PREC, DOT_IN, DOT_LO) of the backward: dots feeding the log-decay gradients and the states; dots of two
     loaded inputs (exact in tf32 when the inputs are 16-bit); dots feeding dx, dB, dC only (tf32 allowed)."""
@@ -177,7 +172,8 @@ def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias):
     if nseg == 1:
         return seg, 1, torch.zeros((b * h, nslot, 1, n, p), dtype=cdt, device=x.device)
     st = _alloc((b * h, nslot, nseg, n, p), cdt, x.device)
-    prec = _dot_prec(x) if grad or x.dtype == torch.float64 else "tf32"  # the forward's dots: Triton's default
+    # the backward's state walks feed the log-decay gradients; the forward's dots keep Triton's default (tf32)
+    prec = _dot_precisions(x)[0] if grad or x.dtype == torch.float64 else "tf32"
     _launch(_bi_ssd_state_kernel, _state_tuned, STATE_CONFIGS, "state",
             lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"]), nslot),
             (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy if grad else x, st, l, h, g, seg, lo, hi),
