@@ -136,6 +136,27 @@ def _head_coords(pid_bh, H, G):
 
 
 @triton.jit
+def _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
+    """A of the head as loaded, A clamped to <= 0, and dt_bias of the head (0 without one)."""
+    A_raw = tl.load(A_ptr + hidx).to(COMPUTE)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + hidx).to(COMPUTE)
+    else:
+        bias = 0.0
+    return A_raw, tl.minimum(A_raw, 0.0), bias
+
+
+@triton.jit
+def _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q: tl.constexpr):
+    """Rows of chunk c, their mask, and the masks and offsets of its (row, headdim) and (row, d_state) tiles."""
+    rows = c * BLOCK_Q + offs_q
+    mrow = rows < L
+    m_xp = mrow[:, None] & mask_p[None, :]
+    m_bn = mrow[:, None] & mask_n[None, :]
+    return rows, mrow, m_xp, m_bn, rows[:, None] * xstride + offs_p[None, :], rows[:, None] * bstride + offs_n[None, :]
+
+
+@triton.jit
 def _last(v, offs_q, BLOCK_Q: tl.constexpr):
     return tl.sum(tl.where(offs_q == BLOCK_Q - 1, v, 0.0), 0)
 
@@ -177,11 +198,7 @@ def _bi_ssd_fwd_kernel(
     dt_base = dt_ptr + b64 * L * H + hidx
     dtb_base = dtb_ptr + b64 * L * H + hidx
     bc_off = b64 * L * G * N + gidx * N
-    A_h = tl.minimum(tl.load(A_ptr + hidx).to(COMPUTE), 0.0)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + hidx).to(COMPUTE)
-    else:
-        bias = 0.0
+    _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
     if HAS_D:
         if D_PER_P:
             Dv = tl.load(D_ptr + hidx * P + offs_p, mask=mask_p, other=0.0).to(COMPUTE)
@@ -350,11 +367,7 @@ def _bi_ssd_state_kernel(
     bco = b64 * L * G * N + gidx * N
     nseg = tl.cdiv(L, SEG)
     st_base = st_ptr + (pid_bh.to(tl.int64) * NSLOT + slot) * nseg * (N * P)
-    A_h = tl.minimum(tl.load(A_ptr + hidx).to(COMPUTE), 0.0)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + hidx).to(COMPUTE)
-    else:
-        bias = 0.0
+    _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
     SH_F: tl.constexpr = 1 if SHIFT else 0  # dz_f[t] = dy[t + 1] with Hydra's shift
     SH_B: tl.constexpr = -1 if SHIFT else 0  # dz_b[t] = dy[t - 1]
     if kind == 0:
@@ -409,11 +422,7 @@ def _bi_ssd_bwd_kernel(
         go = bco
     so = pid.to(tl.int64) * 5 * L  # scratch (b*h, 5, L): dcs_f, ddt_f, dadir_b, dcs_b, ddt_b
 
-    A_h = tl.minimum(tl.load(A_ptr + hidx).to(COMPUTE), 0.0)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + hidx).to(COMPUTE)
-    else:
-        bias = 0.0
+    _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
     if HAS_D:
         if D_PER_P:
             Dv = tl.load(D_ptr + hidx * P + offs_p, mask=mask_p, other=0.0).to(COMPUTE)[None, :]
@@ -442,12 +451,7 @@ def _bi_ssd_bwd_kernel(
     dD_acc = tl.zeros((BLOCK_P,), dtype=COMPUTE)
     for ci in range(0, c1 - c0):
         c = c1 - 1 - ci
-        rows = c * BLOCK_Q + offs_q
-        mrow = rows < L
-        m_xp = mrow[:, None] & mask_p[None, :]
-        m_bn = mrow[:, None] & mask_n[None, :]
-        xy_off = rows[:, None] * xstride + offs_p[None, :]
-        bn_off = rows[:, None] * bstride + offs_n[None, :]
+        rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
         xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
         dyv = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
         dD_acc += tl.sum(dyv * xv, 0)
@@ -538,12 +542,7 @@ def _bi_ssd_bwd_kernel(
     else:
         dSb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     for c in range(c0, c1):
-        rows = c * BLOCK_Q + offs_q
-        mrow = rows < L
-        m_xp = mrow[:, None] & mask_p[None, :]
-        m_bn = mrow[:, None] & mask_n[None, :]
-        xy_off = rows[:, None] * xstride + offs_p[None, :]
-        bn_off = rows[:, None] * bstride + offs_n[None, :]
+        rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
         xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
         if DO_F:
             dtf, af, csf, lastf = _chunk_decay(dt_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
@@ -631,12 +630,7 @@ def _bi_ssd_bwd_dt_kernel(
     offs_q = tl.arange(0, BLOCK_Q)
     dto = b64 * L * H + hidx
     so = pid.to(tl.int64) * 5 * L
-    A_raw = tl.load(A_ptr + hidx).to(COMPUTE)
-    A_h = tl.minimum(A_raw, 0.0)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + hidx).to(COMPUTE)
-    else:
-        bias = 0.0
+    A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
     nchunks = tl.cdiv(L, BLOCK_Q)
     carry_f = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
     carry_b = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
