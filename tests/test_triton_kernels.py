@@ -227,20 +227,23 @@ def test_every_state_config_and_segments(si, split):
 
 
 def test_segment_length_does_not_change_the_result():
-    """One segment, segments of 1 and 2 chunks: the same function up to rounding (the states at the boundaries come
-    from the state kernel, the rest from the segment kernels)."""
+    """One segment, segments of 1 and 2 chunks: the same function (the states at the boundaries come from the state
+    kernel, the rest from the segment kernels). Each against the float64 reference (dA and d dt_bias measured
+    against their cancellation scale, see check_case), and y, dx, dB, dC against the one-segment run."""
     args, kw = make_inputs(b=2, l=4 * SEG_MULTIPLE + 7, h=2, sep=True)
     kw.update(shift=True)
     dy = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(4)).to(DEV)
     out = []
     for seg in (8 * SEG_MULTIPLE, SEG_MULTIPLE, 2 * SEG_MULTIPLE):
         with force_config(seg=seg):
+            assert triton_op.segment_rows(2, 2, args[0].shape[1], torch.device(DEV)) == seg
+            check_case(args, kw, 0, 0)
             out.append(run_triton(args, kw, dy, 0, 0))
     y0, g0, _ = out[0]
     for y, g, ok in out[1:]:
         assert ok
         assert rel_err(y, y0) < 1e-6
-        for k in g0:
+        for k in ("x", "B", "C", "B_bwd", "C_bwd", "dt", "dt_bwd"):
             assert rel_err(g[k], g0[k]) < 1e-5, k
 
 
@@ -400,3 +403,42 @@ def test_fp16_partial_sums_do_not_overflow():
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-3
     grads = torch.autograd.grad(y.float().sum() * 1e-3, ts)
     assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("sep", [False, True])
+def test_autotuned_launch_matches_reference(sep):
+    """The default path on a GPU autotunes: every config is timed on the live arguments before the chosen one runs.
+    The backward's second launch adds to dx (and dB, dC) written by the first, so a tuner that timed it on the live
+    buffers would add the anti-causal contribution once per timed call. Run the tuners here (CPU timer), on the first
+    call of fresh tuning caches, with several segments and the two-launch backward, against the float64 reference."""
+    args, kw = make_inputs(b=2, l=2 * SEG_MULTIPLE + 5, h=2, g=1, p=16, n=16, sep=sep)
+    kw.update(shift=sep)
+    calls = []
+    orig = triton_op._cpu_bench
+
+    def counting_bench(fn, quantiles=None):
+        calls.append(1)
+        return orig(fn, quantiles)
+
+    tuners = (triton_op._fwd_tuned, triton_op._bwd_tuned, triton_op._state_tuned)
+    for tuned in tuners:
+        tuned.do_bench = counting_bench  # instance attribute over the autotuner's cached property
+    try:
+        with triton_op.interpreter_autotune(), force_config(seg=SEG_MULTIPLE, split=True):
+            check_case(args, kw)
+    finally:
+        for tuned in tuners:
+            tuned.__dict__.pop("do_bench", None)
+    # the tuners really ran: every config of the forward, the two state walks and both backward launches was timed
+    assert len(calls) >= len(FWD_CONFIGS) + 2 * len(STATE_CONFIGS) + 2 * len(BWD_CONFIGS), len(calls)
+
+
+def test_force_config_nests():
+    """An inner force_config (run_triton's fwd/bwd) keeps the segments, state config and launch mode of the outer
+    one, so the segment tests above really run the segments and state configs they name."""
+    with force_config(state=1, seg=2 * SEG_MULTIPLE, split=False):
+        with force_config(fwd=0, bwd=0):
+            assert triton_op._forced == dict(fwd=0, bwd=0, state=1, seg=2 * SEG_MULTIPLE, split=False)
+            assert triton_op.segment_rows(1, 1, 10 * SEG_MULTIPLE, torch.device(DEV)) == 2 * SEG_MULTIPLE
+        assert triton_op._forced["fwd"] is None and triton_op._forced["seg"] == 2 * SEG_MULTIPLE
+    assert all(v is None for v in triton_op._forced.values())

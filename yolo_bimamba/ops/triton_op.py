@@ -38,15 +38,51 @@ _POISON = os.environ.get("YOLO_BIMAMBA_POISON", "0") not in ("", "0")
 _AUTOTUNE = os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1") not in ("", "0")
 DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 2}
 
+# test hook (interpreter only): run the autotuners, timed on the CPU, instead of the default configs
+_TUNE_IN_INTERPRETER = False
+
+
+def _cpu_bench(fn, quantiles=None, reps=2):
+    """The autotuners' timer under the interpreter (no CUDA events there): median wall time of ``reps`` calls."""
+    import time
+
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    med = sorted(times)[len(times) // 2]
+    return [med] * len(quantiles) if quantiles else med
+
+
+_BENCH = dict(do_bench=_cpu_bench) if _INTERPRET else {}
 _KEY = ["P", "N", "DO_F", "DO_B", "SHIFT", "HAS_D", "D_PER_P", "HAS_BIAS", "SOFTPLUS", "COMPUTE"]
-_fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=_KEY)(_bi_ssd_fwd_kernel)
+_fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=_KEY, **_BENCH)(_bi_ssd_fwd_kernel)
+# the backward adds to dx (and dB, dC) that an earlier launch wrote (ACC): the autotuner times each config on copies
+# restored after every timed call, so tuning never adds the same contribution twice
 _bwd_tuned = triton.autotune(
     configs=BWD_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD", "ACC", "DOT_IN"],
-    prune_configs_by={"early_config_prune": prune_bwd_configs},
+    prune_configs_by={"early_config_prune": prune_bwd_configs}, restore_value=["dx_ptr", "dB_ptr", "dC_ptr"], **_BENCH,
 )(_bi_ssd_bwd_kernel)
 _state_tuned = triton.autotune(
     configs=STATE_CONFIGS, key=["P", "N", "GRAD", "DO_F", "DO_B", "SHIFT", "HAS_BIAS", "SOFTPLUS", "COMPUTE", "DOT_PREC"],
+    **_BENCH,
 )(_bi_ssd_state_kernel)
+
+
+@contextlib.contextmanager
+def interpreter_autotune():
+    """Test hook: under the Triton interpreter, launch through the autotuners (every config timed on the CPU, the
+    tuning cache cleared first) instead of the default configs, so tuning itself is exercised off the GPU."""
+    global _TUNE_IN_INTERPRETER
+    old = _TUNE_IN_INTERPRETER
+    _TUNE_IN_INTERPRETER = True
+    for tuned in (_fwd_tuned, _bwd_tuned, _state_tuned):
+        tuned.cache.clear()
+    try:
+        yield
+    finally:
+        _TUNE_IN_INTERPRETER = old
 
 
 @contextlib.contextmanager
@@ -54,11 +90,13 @@ def force_config(fwd: int | None = None, bwd: int | None = None, state: int | No
                  split: bool | None = None):
     """Run the kernels with ``FWD_CONFIGS[fwd]`` / ``BWD_CONFIGS[bwd]`` / ``STATE_CONFIGS[state]`` instead of
     autotuning, with segments of ``seg`` rows (a multiple of ``SEG_MULTIPLE``), and (``split``) with the backward's
-    two directions in two launches (True) or one (False)."""
+    two directions in two launches (True) or one (False). Arguments left ``None`` keep what an enclosing
+    ``force_config`` set (nested calls add to each other)."""
     if seg is not None and (seg < SEG_MULTIPLE or seg % SEG_MULTIPLE):
         raise ValueError(f"seg must be a positive multiple of {SEG_MULTIPLE}, got {seg}")
     old = dict(_forced)
-    _forced.update(fwd=fwd, bwd=bwd, state=state, seg=seg, split=split)
+    given = dict(fwd=fwd, bwd=bwd, state=state, seg=seg, split=split)
+    _forced.update({k: v for k, v in given.items() if v is not None})
     try:
         yield
     finally:
@@ -125,7 +163,7 @@ def _compute_dtype(x):
 
 def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs):
     idx = _forced[which]
-    if idx is None and (_INTERPRET or not _AUTOTUNE):
+    if idx is None and ((_INTERPRET and not _TUNE_IN_INTERPRETER) or not _AUTOTUNE):
         # the interpreter cannot time configs (tests force each one explicitly); without autotuning, the config
         # that was fastest on an H200 at the detection shapes
         idx = DEFAULT_CONFIGS[which]
