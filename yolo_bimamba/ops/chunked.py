@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .reference import clamp_A, process_dt
+from .reference import LOG_DECAY_FLOOR, clamp_A, clamp_ste, process_dt
 
 
 def _pad_seq(t: torch.Tensor, pad: int) -> torch.Tensor:
@@ -55,7 +55,7 @@ def chunk_scan(xs, dts, A, Bs, Cs, reverse: bool):
     """
     b, g, r, nc, chunk, p = xs.shape
     n = Bs.shape[-1]
-    a = dts * A.reshape(g, r)[None, :, :, None, None]  # log-decays, <= 0
+    a = clamp_ste(dts * A.reshape(g, r)[None, :, :, None, None], lo=LOG_DECAY_FLOOR)  # log-decays, <= 0
     cs = torch.cumsum(a, dim=-1)  # within-chunk inclusive sums
     idx = torch.arange(chunk, device=xs.device)
     cidx = torch.arange(nc, device=xs.device)

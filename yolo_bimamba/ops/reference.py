@@ -8,6 +8,14 @@ import torch
 import torch.nn.functional as F
 
 
+# Floor of one step's log-decay dt * A in the fast backends (chunked PyTorch op, Triton kernels); this quadratic
+# reference keeps the plain definition. exp(-104) is below fp32's smallest subnormal: no decay that fp32 can hold
+# changes, and the gradient through a floored step (whose true value carries a factor exp(dt A) < 1e-45) is 0. It
+# keeps the in-chunk cumsums of log-decays small, so their differences (the decays between nearby steps) stay
+# accurate in fp32 when single steps are huge (dt A ~ -1e4 would make the cumsums ~ -6e5, spaced 0.06 apart).
+LOG_DECAY_FLOOR = -104.0
+
+
 def clamp_ste(v, lo=float("-inf"), hi=float("inf")):
     """clamp(v, lo, hi) whose gradient is 1 strictly inside (lo, hi) and 0 at and beyond the bounds.
 

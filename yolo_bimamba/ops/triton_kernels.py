@@ -47,6 +47,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .reference import LOG_DECAY_FLOOR as _LOG_DECAY_FLOOR
+
 # ---------------------------------------------------------------------------------------------
 # Configurations. Every config must give the same result; tests force each one in turn.
 # ---------------------------------------------------------------------------------------------
@@ -161,12 +163,20 @@ def _last(v, offs_q, BLOCK_Q: tl.constexpr):
     return tl.sum(tl.where(offs_q == BLOCK_Q - 1, v, 0.0), 0)
 
 
+# Floor of one step's log-decay dt * A (see ops.reference.LOG_DECAY_FLOOR; the chunked PyTorch op has it too).
+# Without it, steps of dt A ~ -1e4 make the in-chunk cumsums ~ -6e5, whose fp32 spacing (0.06) shows up as 6 %
+# errors in the decays of nearby small steps, and pass C multiplies by A the rounding noise of the telescoped
+# log-decay gradient at such a step (whose true value is 0 in fp32).
+LOG_DECAY_FLOOR = tl.constexpr(_LOG_DECAY_FLOOR)
+
+
 @triton.jit
 def _chunk_decay(dt_ptr, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS: tl.constexpr,
                  COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr):
-    """One chunk's processed dt, log-decays a = dt A, their inclusive cumsum and its last value."""
+    """One chunk's processed dt, log-decays a = max(dt A, LOG_DECAY_FLOOR), their inclusive cumsum and its last
+    value."""
     dtv, _unused = _load_dt(dt_ptr, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
-    a = dtv * A_h
+    a = tl.maximum(dtv * A_h, LOG_DECAY_FLOOR)
     cs = tl.cumsum(a, 0)
     return dtv, a, cs, _last(cs, offs_q, BLOCK_Q)
 
@@ -660,16 +670,19 @@ def _bi_ssd_bwd_dt_kernel(
         carry_f += tl.sum(s_dcs, 0)
         dab = carry_b + tl.cumsum(s_dcsb, 0, reverse=True) + s_dadir
         carry_b += tl.sum(s_dcsb, 0)
+        # a step at the log-decay floor passes no gradient to dt or A through its decay
+        live_f = dtf * A_h > LOG_DECAY_FLOOR
         if SEPARATE:
-            g = (s_ddt + A_h * da) * dgf
+            g = (s_ddt + tl.where(live_f, A_h * da, 0.0)) * dgf
             dtb, dgb = _load_dt(dtb_ptr + dto, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
-            gb = (s_ddtb + A_h * dab) * dgb
+            live_b = dtb * A_h > LOG_DECAY_FLOOR
+            gb = (s_ddtb + tl.where(live_b, A_h * dab, 0.0)) * dgb
             tl.store(ddtb_ptr + dto + rows * H, gb.to(ddtb_ptr.dtype.element_ty), mask=mrow)
-            dA_vec += dtf * da + dtb * dab
+            dA_vec += tl.where(live_f, dtf * da, 0.0) + tl.where(live_b, dtb * dab, 0.0)
             dbias_vec += g + gb
         else:
-            g = (s_ddt + s_ddtb + A_h * (da + dab)) * dgf
-            dA_vec += dtf * (da + dab)
+            g = (s_ddt + s_ddtb + tl.where(live_f, A_h * (da + dab), 0.0)) * dgf
+            dA_vec += tl.where(live_f, dtf * (da + dab), 0.0)
             dbias_vec += g
         tl.store(ddt_ptr + dto + rows * H, g.to(ddt_ptr.dtype.element_ty), mask=mrow)
     dA_tot = tl.where(A_raw < 0.0, tl.sum(dA_vec, 0), 0.0)  # as ops.reference.clamp_A
