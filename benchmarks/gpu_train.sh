@@ -2,7 +2,8 @@
 # GPU training evidence (issue 6). On a CUDA machine with torch + triton (Ultralytics wheels in .whl/, made by
 # ../shared/tools/gpu-wheels.sh), from the repository root:
 #   bash benchmarks/gpu_train.sh install            # pip-install the wheels and this package, as a user would
-#   GPU=1 EPOCHS=15 bash benchmarks/gpu_train.sh runs  # yolov8n-bimamba fp32 / bf16 / fp16 AMP (+ RUNS_EXTRA)
+#   GPU=1 EPOCHS=15 bash benchmarks/gpu_train.sh runs  # yolov8n-bimamba fp32 / bf16 / fp16 AMP (RUNS_N=0: skip them)
+#                                                     # + RUNS_EXTRA="NAME:MODEL:AMP ..."; PACK_TAG names the tgz
 #   bash benchmarks/gpu_train.sh ddp                # 2-GPU DDP: the stock `yolo` CLI and train.py
 #   bash benchmarks/gpu_train.sh bench              # benchmarks/bench_train.py (BENCH_ARGS, default --onnx)
 # Results go to $OUT (default ./gpu-out): train-<mode>.tgz (results.csv, curves, args; no weights) and logs.
@@ -42,14 +43,16 @@ case $MODE in
     (cd /tmp && python3 -m yolo_bimamba.data) ;;  # build the default dataset once
   runs)
     export CUDA_VISIBLE_DEVICES=${GPU:-0}
-    train n-bimamba-fp32 model=yolov8n-bimamba.yaml amp=False
-    train n-bimamba-bf16 model=yolov8n-bimamba.yaml amp=bf16
-    train n-bimamba-fp16 model=yolov8n-bimamba.yaml amp=True
+    if [ "${RUNS_N:-1}" != 0 ]; then  # RUNS_N=0: only the RUNS_EXTRA runs
+      train n-bimamba-fp32 model=yolov8n-bimamba.yaml amp=False
+      train n-bimamba-bf16 model=yolov8n-bimamba.yaml amp=bf16
+      train n-bimamba-fp16 model=yolov8n-bimamba.yaml amp=True
+    fi
     for spec in ${RUNS_EXTRA:-}; do  # NAME:MODEL:AMP
       IFS=: read -r name model amp <<< "$spec"
       train "$name" model="$model" amp="$amp"
     done
-    pack "runs-gpu${GPU:-0}" ;;
+    pack "runs-gpu${GPU:-0}${PACK_TAG:-}" ;;
   ddp)  # both runs at once, each on both GPUs (Ultralytics picks a free port per run)
     echo "=== DDP: stock yolo CLI and train.py, device=0,1"
     (cd /tmp && yolo train model=yolov8n-bimamba.yaml data=digits.yaml device=0,1 epochs="${DDP_EPOCHS:-2}" imgsz=160 \
