@@ -225,7 +225,7 @@ def main():
     ap.add_argument("--models", nargs="+", default=MODELS)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--imgsz", type=int, default=640)
-    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--steps", type=int, default=15, help="timed model steps per row; 0 skips the model-step bench")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--loop", action="store_true", help="also time the real `yolo train` loop")
     ap.add_argument("--loop-images", type=int, default=1024)
@@ -253,7 +253,7 @@ def main():
     rows, info = [], {}
     for yaml in args.models:
         info[yaml] = model_info(yaml)
-        for prec in PRECISIONS:
+        for prec in PRECISIONS if args.steps > 0 else ():  # --steps 0: no model-step rows (e.g. --loop alone)
             for backend in ("triton", "torch"):
                 r = model_step_bench(yaml, prec, backend, args.batch, args.imgsz, args.steps, args.warmup)
                 if r:

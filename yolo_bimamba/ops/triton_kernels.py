@@ -173,12 +173,14 @@ LOG_DECAY_FLOOR = tl.constexpr(_LOG_DECAY_FLOOR)
 @triton.jit
 def _chunk_decay(dt_ptr, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS: tl.constexpr,
                  COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr):
-    """One chunk's processed dt, log-decays a = max(dt A, LOG_DECAY_FLOOR), their inclusive cumsum and its last
-    value."""
+    """One chunk's processed dt, log-decays a = max(dt A, LOG_DECAY_FLOOR), their inclusive cumsum cs, its last
+    value, and the inclusive reverse cumsum tail (tail[s] = sum_{k >= s} a_k). Decays to the chunk's end are taken
+    from tail, not from last - cs: that difference of two large sums loses the small ones (its rounding is the spacing
+    of |cs|), and the two sides of a pair across chunks would then disagree by more than the pair's own rounding."""
     dtv, _unused = _load_dt(dt_ptr, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
     a = tl.maximum(dtv * A_h, LOG_DECAY_FLOOR)
     cs = tl.cumsum(a, 0)
-    return dtv, a, cs, _last(cs, offs_q, BLOCK_Q)
+    return dtv, a, cs, _last(cs, offs_q, BLOCK_Q), tl.cumsum(a, 0, reverse=True)
 
 
 @triton.jit
@@ -227,7 +229,7 @@ def _bi_ssd_fwd_kernel(
         for c in range(c0, c1):
             rows = c * BLOCK_Q + offs_q
             mrow = rows < L
-            dtv, a, cs, cs_last = _chunk_decay(dt_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+            dtv, a, cs, cs_last, tail = _chunk_decay(dt_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             m_xp = mrow[:, None] & mask_p[None, :]
             xv = tl.load(x_base + rows[:, None] * (H * P) + offs_p[None, :], mask=m_xp, other=0.0).to(COMPUTE)
             m_bn = mrow[:, None] & mask_n[None, :]
@@ -246,7 +248,7 @@ def _bi_ssd_fwd_kernel(
             decay = tl.exp(tl.where(causal, rowd[:, None] - cs[None, :], float("-inf")))
             W = CB * decay * dtv[None, :]
             yv = tl.dot(W, xv) + tl.exp(rowd)[:, None] * tl.dot(Cv, S)
-            wS = tl.exp(cs_last - cs) * dtv
+            wS = tl.exp(tail - a) * dtv
             S = tl.exp(cs_last) * S + tl.dot(tl.trans(Bv * wS[:, None]), xv)
             if not DO_B:
                 if HAS_D:
@@ -264,7 +266,7 @@ def _bi_ssd_fwd_kernel(
             c = c1 - 1 - ci
             rows = c * BLOCK_Q + offs_q
             mrow = rows < L
-            dtv, a, cs, cs_last = _chunk_decay(dtb_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+            dtv, a, cs, cs_last, tail = _chunk_decay(dtb_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             csx = cs - a
             m_xp = mrow[:, None] & mask_p[None, :]
             xv = tl.load(x_base + rows[:, None] * (H * P) + offs_p[None, :], mask=m_xp, other=0.0).to(COMPUTE)
@@ -283,7 +285,8 @@ def _bi_ssd_fwd_kernel(
             CB = tl.dot(Cv, tl.trans(Bv))
             decay = tl.exp(tl.where(anti, csx[None, :] - rowd[:, None], float("-inf")))
             W = CB * decay * dtv[None, :]
-            yv = tl.dot(W, xv) + tl.exp(cs_last - rowd)[:, None] * tl.dot(Cv, Sb)
+            # from row t to the chunk's end: steps t+1.. (shift: rowd = cs) or t.. (rowd = csx)
+            yv = tl.dot(W, xv) + tl.exp(tail - a if SHIFT else tail)[:, None] * tl.dot(Cv, Sb)
             wS = tl.exp(csx) * dtv
             Sb = tl.exp(cs_last) * Sb + tl.dot(tl.trans(Bv * wS[:, None]), xv)
             if HAS_D:
@@ -304,7 +307,7 @@ def _state_walk(v_ptr, r_ptr, dt_base, st_base, A_h, bias, L, H, SEG, v_stride, 
                 BLOCK_P: tl.constexpr, pid_p):
     """Walk the chunks and store one state at every segment boundary: st[seg] (N x P block).
 
-    MODE 0: S_f  causal state entering segment seg (forward walk; V = B,  R = x,  w = exp(last - cs) dt)
+    MODE 0: S_f  causal state entering segment seg (forward walk; V = B,  R = x,  w = exp(last - cs) dt, from the tail sums)
     MODE 1: dS_b grad of the anti-causal state of rows before seg (forward walk; V = C_b, R = dz_b, w = exp(last - csx))
     MODE 2: dS_f grad of the causal state leaving seg (reverse walk; V = C,  R = dz_f, w = exp(cs))
     MODE 3: S_b  anti-causal state of the rows after seg (reverse walk; V = B_b, R = x,  w = exp(csx) dt)
@@ -335,11 +338,11 @@ def _state_walk(v_ptr, r_ptr, dt_base, st_base, A_h, bias, L, H, SEG, v_stride, 
         tl.store(st_ptrs + seg.to(tl.int64) * (N * P), S, mask=m_st & at_bound)
         rows = c * BLOCK_Q + offs_q
         mrow = rows < L
-        dtv, a, cs, last = _chunk_decay(dt_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+        dtv, a, cs, last, tail = _chunk_decay(dt_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
         if MODE == 0:
-            w = tl.exp(last - cs) * dtv
+            w = tl.exp(tail - a) * dtv
         elif MODE == 1:
-            w = tl.exp(last - (cs - a))
+            w = tl.exp(tail)
         elif MODE == 2:
             w = tl.exp(cs)
         else:
@@ -430,7 +433,7 @@ def _bi_ssd_bwd_kernel(
     else:
         GS = G
         go = bco
-    so = pid.to(tl.int64) * 5 * L  # scratch (b*h, 5, L): dcs_f, ddt_f, dadir_b, dcs_b, ddt_b
+    so = pid.to(tl.int64) * 6 * L  # scratch (b*h, 6, L): dcs_f, ddt_f, dadir_b, dcs_b, ddt_b, dadir_f
 
     _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
     if HAS_D:
@@ -473,11 +476,12 @@ def _bi_ssd_bwd_kernel(
             dxv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)
         vf_dcs = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
         vf_ddt = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
+        vf_dadir = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
         vb_dcs = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
         vb_dadir = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
         dCv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
         if DO_F:
-            dtf, af, csf, lastf = _chunk_decay(dt_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+            dtf, af, csf, lastf, tailf = _chunk_decay(dt_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             Bf = tl.load(B_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             Cf = tl.load(C_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             if SHIFT:  # y_f[t] = z_f[t-1]  ->  dz_f[t] = dy[t+1]
@@ -488,22 +492,29 @@ def _bi_ssd_bwd_kernel(
                 dzf = dyv
             CBf = tl.dot(Cf, tl.trans(Bf), input_precision=DOT_IN)
             decf = tl.exp(tl.where(tt >= ss, csf[:, None] - csf[None, :], float("-inf")))
-            ef_end = tl.exp(lastf - csf)
+            ef_end = tl.exp(tailf - af)
             # the diagonal (s == t) term does not depend on the decays: it is kept out of the
             # per-position log-decay gradients (where it would cancel only up to rounding)
             diagf = tl.sum(Cf * Bf, 1)
-            uf = tl.dot(tl.trans(tl.where(tt > ss, CBf * decf, 0.0)), dzf, input_precision=DOT_PREC) + ef_end[:, None] * tl.dot(Bf, dS, input_precision=DOT_PREC)
-            Mf = tl.dot(dzf, tl.trans(xv), input_precision=DOT_LO) * decf
+            uf_in = ef_end[:, None] * tl.dot(Bf, dS, input_precision=DOT_PREC)  # pairs with t in later chunks
+            uf = tl.dot(tl.trans(tl.where(tt > ss, CBf * decf, 0.0)), dzf, input_precision=DOT_PREC) + uf_in
+            # (dz_t . x_s) decay(t, s): two loaded inputs (DOT_IN); it also gives the in-chunk pair terms below
+            Mf = tl.dot(dzf, tl.trans(xv), input_precision=DOT_IN) * decf
             dBf = dtf[:, None] * (tl.dot(tl.trans(Mf), Cf, input_precision=DOT_LO) + ef_end[:, None] * tl.dot(xv, tl.trans(dS), input_precision=DOT_LO))
             dCv += tl.dot(Mf * dtf[None, :], Bf, input_precision=DOT_LO)
             dS = tl.exp(lastf) * dS + tl.dot(tl.trans(Cf * tl.exp(csf)[:, None]), dzf, input_precision=DOT_PREC)
             xu = tl.sum(uf * xv, 1)
-            vf_dcs = -dtf * xu
+            # log-decay gradient, pairs inside the chunk: P[t, s] (t > s) spans the steps s+1..t, so
+            # da[j] = sum_{t >= j > s} P[t, s] = reverse cumsum of (row sums - column sums), local to the chunk;
+            # only the pairs across chunks (uf_in here, the state term of pass B) are telescoped over the sequence
+            Pf = tl.where(tt > ss, Mf * CBf, 0.0) * dtf[None, :]
+            vf_dadir = tl.cumsum(tl.sum(Pf, 1) - tl.sum(Pf, 0), 0, reverse=True)
+            vf_dcs = -dtf * tl.sum(uf_in * xv, 1)
             vf_ddt = xu + diagf * tl.sum(dzf * xv, 1)
             dxv += dtf[:, None] * (uf + diagf[:, None] * dzf)
             tl.store(dB_ptr + go + rows[:, None] * gstride + offs_n[None, :], dBf.to(dB_ptr.dtype.element_ty), mask=m_bn)
         if DO_B:
-            dtb, ab, csb, lastb = _chunk_decay(dtb_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+            dtb, ab, csb, lastb, tailb = _chunk_decay(dtb_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             csxb = csb - ab
             Bbv = tl.load(Bb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             Cbv = tl.load(Cb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
@@ -515,14 +526,17 @@ def _bi_ssd_bwd_kernel(
                 dzb = dyv
             CBb = tl.dot(Cbv, tl.trans(Bbv), input_precision=DOT_IN)
             decb = tl.exp(tl.where(ss >= tt, csxb[None, :] - csxb[:, None], float("-inf")))
-            eb_row = tl.exp(lastb - csxb)
-            zb = tl.dot(tl.where(ss > tt, CBb * decb * dtb[None, :], 0.0), xv, input_precision=DOT_PREC) + eb_row[:, None] * tl.dot(Cbv, Sb, input_precision=DOT_PREC)
-            Yb = tl.sum(dzb * zb, 1)
-            Mb = tl.dot(dzb, tl.trans(xv), input_precision=DOT_LO) * decb
+            eb_row = tl.exp(tailb)
+            # output terms of pairs with s in later chunks (the state); in-chunk pairs go through Pb below
+            zb_in = eb_row[:, None] * tl.dot(Cbv, Sb, input_precision=DOT_PREC)
+            Yb = tl.sum(dzb * zb_in, 1)
+            Mb = tl.dot(dzb, tl.trans(xv), input_precision=DOT_IN) * decb
             dCb = tl.dot(Mb * dtb[None, :], Bbv, input_precision=DOT_LO) + eb_row[:, None] * tl.dot(dzb, tl.trans(Sb), input_precision=DOT_LO)
             Sb = tl.exp(lastb) * Sb + tl.dot(tl.trans(Bbv * (tl.exp(csxb) * dtb)[:, None]), xv, input_precision=DOT_PREC)
+            # pairs inside the chunk: P[t, s] (s > t) spans the steps t..s-1: da[j] = sum_{t <= j < s} P[t, s]
+            Pb = tl.where(ss > tt, Mb * CBb, 0.0) * dtb[None, :]
             vb_dcs = -Yb
-            vb_dadir = Yb
+            vb_dadir = Yb + tl.cumsum(tl.sum(Pb, 1) - tl.sum(Pb, 0), 0)
             if SEPARATE:
                 tl.store(dCb_ptr + go + rows[:, None] * gstride + offs_n[None, :], dCb.to(dCb_ptr.dtype.element_ty), mask=m_bn)
             else:
@@ -537,6 +551,7 @@ def _bi_ssd_bwd_kernel(
         if DO_F:
             tl.store(scr_ptr + so + rows, vf_dcs, mask=mrow)
             tl.store(scr_ptr + so + L + rows, vf_ddt, mask=mrow)
+            tl.store(scr_ptr + so + 5 * L + rows, vf_dadir, mask=mrow)
         if DO_B:
             tl.store(scr_ptr + so + 2 * L + rows, vb_dadir, mask=mrow)
             tl.store(scr_ptr + so + 3 * L + rows, vb_dcs, mask=mrow)
@@ -555,7 +570,7 @@ def _bi_ssd_bwd_kernel(
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
         xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
         if DO_F:
-            dtf, af, csf, lastf = _chunk_decay(dt_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+            dtf, af, csf, lastf, tailf = _chunk_decay(dt_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             Bf = tl.load(B_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             Cf = tl.load(C_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             if SHIFT:
@@ -564,19 +579,17 @@ def _bi_ssd_bwd_kernel(
                 dzf = tl.load(dy_ptr + xo + r1[:, None] * xstride + offs_p[None, :], mask=m1, other=0.0).to(COMPUTE)
             else:
                 dzf = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-            CBf = tl.dot(Cf, tl.trans(Bf), input_precision=DOT_IN)
-            decf = tl.exp(tl.where(tt >= ss, csf[:, None] - csf[None, :], float("-inf")))
             ecs = tl.exp(csf)
-            zf = tl.dot(tl.where(tt > ss, CBf * decf * dtf[None, :], 0.0), xv, input_precision=DOT_PREC) + ecs[:, None] * tl.dot(Cf, S, input_precision=DOT_PREC)
-            Yf = tl.sum(dzf * zf, 1)
+            # output terms of pairs with s in earlier chunks (the in-chunk pairs were done in pass A)
+            Yf = tl.sum(dzf * (ecs[:, None] * tl.dot(Cf, S, input_precision=DOT_PREC)), 1)
             dC_inter = ecs[:, None] * tl.dot(dzf, tl.trans(S), input_precision=DOT_LO)
             dC_ptrs = dC_ptr + go + rows[:, None] * gstride + offs_n[None, :]
             dC_inter += tl.load(dC_ptrs, mask=m_bn, other=0.0).to(COMPUTE)
             tl.store(dC_ptrs, dC_inter.to(dC_ptr.dtype.element_ty), mask=m_bn)
-            S = tl.exp(lastf) * S + tl.dot(tl.trans(Bf * (tl.exp(lastf - csf) * dtf)[:, None]), xv, input_precision=DOT_PREC)
+            S = tl.exp(lastf) * S + tl.dot(tl.trans(Bf * (tl.exp(tailf - af) * dtf)[:, None]), xv, input_precision=DOT_PREC)
             add_dcs_f = Yf
         if DO_B:
-            dtb, ab, csb, lastb = _chunk_decay(dtb_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+            dtb, ab, csb, lastb, tailb = _chunk_decay(dtb_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             csxb = csb - ab
             Bbv = tl.load(Bb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             Cbv = tl.load(Cb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
@@ -590,12 +603,13 @@ def _bi_ssd_bwd_kernel(
             decb = tl.exp(tl.where(ss >= tt, csxb[None, :] - csxb[:, None], float("-inf")))
             ebx = tl.exp(csxb)
             diagb = tl.sum(Cbv * Bbv, 1)
-            ub = tl.dot(tl.trans(tl.where(ss > tt, CBb * decb, 0.0)), dzb, input_precision=DOT_PREC) + ebx[:, None] * tl.dot(Bbv, dSb, input_precision=DOT_PREC)
+            ub_in = ebx[:, None] * tl.dot(Bbv, dSb, input_precision=DOT_PREC)  # pairs with t in earlier chunks
+            ub = tl.dot(tl.trans(tl.where(ss > tt, CBb * decb, 0.0)), dzb, input_precision=DOT_PREC) + ub_in
             Mb = tl.dot(dzb, tl.trans(xv), input_precision=DOT_LO) * decb
             dBb = dtb[:, None] * (tl.dot(tl.trans(Mb), Cbv, input_precision=DOT_LO) + ebx[:, None] * tl.dot(xv, tl.trans(dSb), input_precision=DOT_LO))
-            dSb = tl.exp(lastb) * dSb + tl.dot(tl.trans(Cbv * tl.exp(lastb - csxb)[:, None]), dzb, input_precision=DOT_PREC)
+            dSb = tl.exp(lastb) * dSb + tl.dot(tl.trans(Cbv * tl.exp(tailb)[:, None]), dzb, input_precision=DOT_PREC)
             xub = tl.sum(ub * xv, 1)
-            Xb = dtb * xub
+            Xb = dtb * tl.sum(ub_in * xv, 1)
             vb_ddt = xub + diagb * tl.sum(dzb * xv, 1)
             dx_ptrs = dx_ptr + xo + xy_off
             dxb = dtb[:, None] * (ub + diagb[:, None] * dzb) + tl.load(dx_ptrs, mask=m_xp, other=0.0).to(COMPUTE)
@@ -639,7 +653,7 @@ def _bi_ssd_bwd_dt_kernel(
     hidx, _gidx, b64 = _head_coords(pid, H, 1)
     offs_q = tl.arange(0, BLOCK_Q)
     dto = b64 * L * H + hidx
-    so = pid.to(tl.int64) * 5 * L
+    so = pid.to(tl.int64) * 6 * L
     A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
     nchunks = tl.cdiv(L, BLOCK_Q)
     carry_f = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
@@ -655,9 +669,11 @@ def _bi_ssd_bwd_dt_kernel(
         if DO_F:
             s_dcs = tl.load(scr_ptr + so + rows, mask=mrow, other=0.0).to(COMPUTE)
             s_ddt = tl.load(scr_ptr + so + L + rows, mask=mrow, other=0.0).to(COMPUTE)
+            s_dadirf = tl.load(scr_ptr + so + 5 * L + rows, mask=mrow, other=0.0).to(COMPUTE)
         else:
             s_dcs = zero
             s_ddt = zero
+            s_dadirf = zero
         if DO_B:
             s_dadir = tl.load(scr_ptr + so + 2 * L + rows, mask=mrow, other=0.0).to(COMPUTE)
             s_dcsb = tl.load(scr_ptr + so + 3 * L + rows, mask=mrow, other=0.0).to(COMPUTE)
@@ -666,7 +682,7 @@ def _bi_ssd_bwd_dt_kernel(
             s_dadir = zero
             s_dcsb = zero
             s_ddtb = zero
-        da = carry_f + tl.cumsum(s_dcs, 0, reverse=True)
+        da = carry_f + tl.cumsum(s_dcs, 0, reverse=True) + s_dadirf
         carry_f += tl.sum(s_dcs, 0)
         dab = carry_b + tl.cumsum(s_dcsb, 0, reverse=True) + s_dadir
         carry_b += tl.sum(s_dcsb, 0)

@@ -269,7 +269,7 @@ class _BiSSDFn(torch.autograd.Function):
         else:
             ddtb, dBb, dCb = ddt, dB, dC
         cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        scr = _alloc((b * h, 5, l), cdt, dev)
+        scr = _alloc((b * h, 6, l), cdt, dev)
         has_d, has_bias = D is not None, dt_bias is not None
         bias_arg = dt_bias if has_bias else x
         seg, nseg, st = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, ctx.opts, has_bias)
