@@ -17,12 +17,13 @@ arithmetic; there is no flip or copy of any tensor. Hydra's shift (shift=True) i
 are loaded (C[t-1] for the causal, C_bwd[t+1] for the anti-causal direction) and a strict mask.
 
 Backward: one program per (batch * head, segment) with the whole headdim, two passes over its chunks:
-  A (reverse walk): causal state gradient dS_f, anti-causal state S_b -> dx_f, dB_f, intra dC_f,
-    complete anti-causal output y_b and dC_b;
-  B (forward walk): causal state S_f, anti-causal state gradient dS_b -> inter dC_f, complete
-    causal output y_f, dx_b, dB_b;
-and per-position log-decay gradients into a small fp32 scratch (b*h, 5, L) in which each direction owns its
-slots. By default "both" runs as two launches of this kernel, one per direction (DO_F / DO_B), the second adding
+  A (reverse walk): causal state gradient dS_f, anti-causal state S_b -> dx_f, dB_f, intra dC_f, dC_b, and
+    the log-decay gradients of every pair inside the chunk (both directions), summed within the chunk;
+  B (forward walk): causal state S_f, anti-causal state gradient dS_b -> inter dC_f, dx_b, dB_b;
+and per-position log-decay gradients into a small fp32 scratch (b*h, 6, L) in which each direction owns its
+slots: the in-chunk pairs' share as a finished per-position value (a local telescoping of one pair tile's row and
+column sums), the share of pairs across chunks (through the states) as terms that pass C telescopes over the
+sequence. By default "both" runs as two launches of this kernel, one per direction (DO_F / DO_B), the second adding
 to the first's dx (and dB, dC when the directions share them, ACC=True): one direction per program needs far
 fewer registers, and the sum stays ordered, so results are bitwise reproducible. A last kernel
 (_bi_ssd_bwd_dt_kernel, pass C, per (batch * head)) reverse-sums the scratch -> ddt, and per-(batch, head)
