@@ -228,13 +228,10 @@ def _bi_ssd_fwd_kernel(
     if DO_F:
         S = tl.load(st_ptr + st_off, mask=m_st, other=0.0)
         for c in range(c0, c1):
-            rows = c * BLOCK_Q + offs_q
-            mrow = rows < L
+            rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, H * P, G * N, BLOCK_Q)
             dtv, a, cs, cs_last, tail = _chunk_decay(dt_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
-            m_xp = mrow[:, None] & mask_p[None, :]
-            xv = tl.load(x_base + rows[:, None] * (H * P) + offs_p[None, :], mask=m_xp, other=0.0).to(COMPUTE)
-            m_bn = mrow[:, None] & mask_n[None, :]
-            Bv = tl.load(B_ptr + bc_off + rows[:, None] * (G * N) + offs_n[None, :], mask=m_bn, other=0.0).to(COMPUTE)
+            xv = tl.load(x_base + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+            Bv = tl.load(B_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             if SHIFT:
                 crow = rows - 1
                 m_c = ((crow >= 0) & mrow)[:, None] & mask_n[None, :]
@@ -242,7 +239,7 @@ def _bi_ssd_fwd_kernel(
                 rowd = cs - a
                 causal = tt > ss
             else:
-                Cv = tl.load(C_ptr + bc_off + rows[:, None] * (G * N) + offs_n[None, :], mask=m_bn, other=0.0).to(COMPUTE)
+                Cv = tl.load(C_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
                 rowd = cs
                 causal = tt >= ss
             CB = tl.dot(Cv, tl.trans(Bv))
@@ -257,7 +254,7 @@ def _bi_ssd_fwd_kernel(
                         yv += Dv[None, :] * xv
                     else:
                         yv += Dv * xv
-            tl.store(y_base + rows[:, None] * (H * P) + offs_p[None, :], yv.to(y_ptr.dtype.element_ty), mask=m_xp)
+            tl.store(y_base + xy_off, yv.to(y_ptr.dtype.element_ty), mask=m_xp)
 
     if DO_B:
         if DO_F:
@@ -265,14 +262,11 @@ def _bi_ssd_fwd_kernel(
         Sb = tl.load(st_ptr + st_off + nseg * (N * P), mask=m_st, other=0.0)
         for ci in range(0, c1 - c0):
             c = c1 - 1 - ci
-            rows = c * BLOCK_Q + offs_q
-            mrow = rows < L
+            rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, H * P, G * N, BLOCK_Q)
             dtv, a, cs, cs_last, tail = _chunk_decay(dtb_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             csx = cs - a
-            m_xp = mrow[:, None] & mask_p[None, :]
-            xv = tl.load(x_base + rows[:, None] * (H * P) + offs_p[None, :], mask=m_xp, other=0.0).to(COMPUTE)
-            m_bn = mrow[:, None] & mask_n[None, :]
-            Bv = tl.load(Bb_ptr + bc_off + rows[:, None] * (G * N) + offs_n[None, :], mask=m_bn, other=0.0).to(COMPUTE)
+            xv = tl.load(x_base + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+            Bv = tl.load(Bb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             if SHIFT:
                 crow = rows + 1
                 m_c = (crow < L)[:, None] & mask_n[None, :]
@@ -280,7 +274,7 @@ def _bi_ssd_fwd_kernel(
                 rowd = cs
                 anti = ss > tt
             else:
-                Cv = tl.load(Cb_ptr + bc_off + rows[:, None] * (G * N) + offs_n[None, :], mask=m_bn, other=0.0).to(COMPUTE)
+                Cv = tl.load(Cb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
                 rowd = csx
                 anti = ss >= tt
             CB = tl.dot(Cv, tl.trans(Bv))
@@ -295,7 +289,7 @@ def _bi_ssd_fwd_kernel(
                     yv += Dv[None, :] * xv
                 else:
                     yv += Dv * xv
-            y_ptrs = y_base + rows[:, None] * (H * P) + offs_p[None, :]
+            y_ptrs = y_base + xy_off
             if DO_F:
                 yv += tl.load(y_ptrs, mask=m_xp, other=0.0).to(COMPUTE)
             tl.store(y_ptrs, yv.to(y_ptr.dtype.element_ty), mask=m_xp)

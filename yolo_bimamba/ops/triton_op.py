@@ -164,8 +164,8 @@ def _compute_dtype(x):
 def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs):
     idx = _forced[which]
     if idx is None and ((_INTERPRET and not _TUNE_IN_INTERPRETER) or not _AUTOTUNE):
-        # the interpreter cannot time configs (tests force each one explicitly); without autotuning, the config
-        # that was fastest on an H200 at the detection shapes
+        # under the interpreter the tests force each config explicitly (interpreter_autotune() runs the tuners, timed
+        # on the CPU); without autotuning, the config that was fastest on an H200 at the detection shapes
         idx = DEFAULT_CONFIGS[which]
     if idx is None:
         tuned_fn[grid_fn](*args, **kwargs)
