@@ -1,10 +1,14 @@
-"""The backward's dot-precision policy, checked on CPU with tensor-core tf32 emulated in the Triton interpreter.
+"""The backward's dot-precision policy, checked on CPU with tensor-core tf32 (and bf16) emulated in the Triton interpreter.
 
 On an H200, plain tf32 dots made dA and d(dt_bias) miss the fp32 bar (2e-3 relative) already at b16 L400
 (dA 4.9e-3); the kernels therefore run the dots that feed the log-decay gradients and the states in tf32x3 and
 only the rest in tf32 (``triton_op._dot_precisions``). Here the same inputs as the GPU suite (bf16-representable
 values, Mamba2 ranges) run under emulated tf32 / tf32x3: with the policy every output meets the fp32 bar; with
 every dot in plain tf32, dA does not. So a change of the policy that would fail on the GPU fails here first.
+
+bf16 inputs get their own policy (bf16 dots, and state dots split into two bf16 parts): the interpreter cannot run
+bf16 tensors, so the kernels emulate a bf16 dot there (operands rounded to bf16 on their bits, fp32 products and
+accumulation); the policy runs here on fp32 inputs whose values are bf16 values, as the GPU's bf16 inputs are.
 """
 import math
 import os
@@ -19,6 +23,10 @@ pytest.importorskip("triton")
 from yolo_bimamba.ops import bi_ssd  # noqa: E402
 from yolo_bimamba.ops import triton_op  # noqa: E402
 from yolo_bimamba.ops.triton_op import force_config  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from yolo_bimamba.ops.triton_kernels import _round_bf16, _split_bf16  # noqa: E402
 
 from tf32_emulation import emulate_tf32, to_tf32  # noqa: E402
 
@@ -67,7 +75,7 @@ def test_backward_precision_policy_meets_the_fp32_bar_under_emulated_tf32():
     with emulate_tf32(), force_config(fwd=2, bwd=0, state=2):
         policy = _errors(_grads(inp, dy, "triton", torch.float32), ref)
         original = triton_op._dot_precisions
-        triton_op._dot_precisions = lambda x: ("tf32", "tf32", "tf32")
+        triton_op._dot_precisions = lambda x: dict.fromkeys(("DOT_ST", "DOT_RD", "DOT_MID", "DOT_IN", "DOT_LO"), "tf32")
         try:
             all_tf32 = _errors(_grads(inp, dy, "triton", torch.float32), ref)
         finally:
@@ -76,3 +84,73 @@ def test_backward_precision_policy_meets_the_fp32_bar_under_emulated_tf32():
     assert not bad, f"with the policy, above {BAR}: {bad} (all: {policy})"
     # the emulation has teeth: every dot in plain tf32 loses dA (as measured on the H200)
     assert all_tf32["dA"] > BAR and all_tf32["dA"] > 50 * policy["dA"], all_tf32
+
+
+@triton.jit
+def _bf16_kernel(v_ptr, r_ptr, hi_ptr, lo_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(v_ptr + offs, mask=m, other=0.0)
+    tl.store(r_ptr + offs, _round_bf16(v).to(tl.float32), mask=m)
+    hi, mid, lo = _split_bf16(v)
+    tl.store(hi_ptr + offs, hi.to(tl.float32), mask=m)
+    tl.store(lo_ptr + offs, mid.to(tl.float32) + lo.to(tl.float32), mask=m)
+
+
+def test_bf16_rounding_emulation_matches_torch():
+    gen = torch.Generator().manual_seed(0)
+    one_ulp = 2.0 ** -7
+    v = torch.cat([
+        torch.randn(3000, generator=gen) * torch.logspace(-30, 30, 3000),
+        torch.tensor([1.0 + one_ulp / 2, 1.0 + 3 * one_ulp / 2, -(1.0 + one_ulp / 2), 3.0e38, -0.0, 1e-40]),
+    ]).float()
+    r, hi, lo = (torch.empty_like(v) for _ in range(3))
+    _bf16_kernel[(1,)](v, r, hi, lo, v.numel(), BLOCK=4096)
+    assert torch.equal(r, v.bfloat16().float())  # round to nearest, ties to even, as the GPU's cvt.rn.bf16
+    mid = (v - hi).bfloat16().float()
+    assert torch.equal(hi, r) and torch.equal(lo, mid + (v - hi - mid).bfloat16().float())
+    normal = v.abs() > 1e-30
+    assert ((hi + lo - v).abs()[normal] <= 2.0 ** -23 * v.abs()[normal]).all()
+
+
+_BF16_POLICY = dict(DOT_ST="bf16x3a", DOT_RD="bf16x3b", DOT_MID="bf16", DOT_IN="bf16", DOT_LO="bf16")
+
+
+def test_bf16_policy_under_emulated_bf16():
+    """The bf16 inputs' policy: every output well inside the bf16 bar (1.5e-2) and dA / d(dt_bias) at fp32
+    accuracy; with the state dots in plain bf16 instead of split, dA is about 1000 times less accurate."""
+    assert triton_op._dot_precisions(torch.zeros(1, dtype=torch.bfloat16)) == _BF16_POLICY
+    inp, dy = _inputs()
+    ref = _grads(inp, dy, "torch", torch.float64)
+    original = triton_op._dot_precisions
+    try:
+        # segments of 128 rows: the backward's state kernel runs with the policy too
+        with emulate_tf32(), force_config(fwd=2, bwd=0, state=2, seg=128):
+            triton_op._dot_precisions = lambda x: _BF16_POLICY
+            policy = _errors(_grads(inp, dy, "triton", torch.float32), ref)
+            triton_op._dot_precisions = lambda x: dict(_BF16_POLICY, DOT_ST="bf16", DOT_RD="bf16")
+            plain = _errors(_grads(inp, dy, "triton", torch.float32), ref)
+    finally:
+        triton_op._dot_precisions = original
+    bad = {k: v for k, v in policy.items() if not v <= 4e-3}
+    assert not bad, f"bf16 policy above 4e-3: {bad} (all: {policy})"
+    assert policy["dA"] <= 5e-5 and policy["ddt_bias"] <= 2e-3, policy
+    assert plain["dA"] > 300 * policy["dA"], (plain, policy)
+
+
+def test_fp16_inputs_under_emulated_tensor_cores():
+    """fp16 inputs (fp16 AMP) run their own policy (tf32x3 state updates, tf32 and bf16 elsewhere): fp16 tensors run in
+    the interpreter, so the whole fp16 path is checked here against the bf16 bar of the GPU suite."""
+    assert triton_op._dot_precisions(torch.zeros(1, dtype=torch.float16))["DOT_ST"] == "tf32x3"
+    inp, dy = _inputs()
+    ref = _grads(inp, dy, "torch", torch.float64)
+    leaves = {k: v.detach().to(torch.float16 if k in ("x", "dt", "B", "C") else torch.float32).requires_grad_()
+              for k, v in inp.items()}
+    with emulate_tf32(), force_config(fwd=2, bwd=0, state=2):
+        y = bi_ssd(leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], D=leaves["D"],
+                   dt_bias=leaves["dt_bias"], dt_softplus=True, backend="triton")
+        gs = torch.autograd.grad(y, list(leaves.values()), dy.to(torch.float16))
+    assert y.dtype == torch.float16
+    errs = _errors({"y": y, **{"d" + k: g for k, g in zip(leaves, gs)}}, ref)
+    bad = {k: v for k, v in errs.items() if not v <= 1.5e-2}
+    assert not bad, f"fp16 above 1.5e-2: {bad} (all: {errs})"

@@ -32,7 +32,7 @@ With shift=True the backward works in the unshifted frame: y_f[t] = z_f[t-1] and
 y_b[t] = z_b[t+1], so the output gradient of each direction is dy loaded at offset +1 / -1.
 
 Dot precision: the backward's per-position log-decay gradients (-> ddt, dA, d dt_bias) are differences of
-large, nearly equal sums, so the dots that feed them and the states use input_precision="tf32x3" (DOT_PREC,
+large, nearly equal sums, so the dots that feed them and the states use input_precision="tf32x3" (DOT_ST,
 fp32-accurate on tensor cores): plain tf32 gave 3e-2..1.6 relative error on dA / d dt_bias on an H200. Dots of
 two loaded inputs (C B^T) use DOT_IN: tf32 for 16-bit inputs (exact: a bf16/fp16 value is a tf32 value),
 tf32x3 for fp32. Dots that feed only dx, dB, dC use DOT_LO = tf32. fp64 uses "ieee" everywhere. The forward
@@ -44,6 +44,8 @@ No atomics: every output element is written by exactly one program per launch, s
 reproducible.
 """
 from __future__ import annotations
+
+import os
 
 import triton
 import triton.language as tl
@@ -96,6 +98,53 @@ def prune_bwd_configs(configs, named_args, **kwargs):
     N = kwargs.get("N", named_args.get("N"))
     kept = [c for c in configs if bwd_config_fits(c, P, N)]
     return kept or configs[:1]
+
+
+# the Triton interpreter miscomputes bf16 (numpy has no bf16): there, a "bf16" dot rounds its fp32 operands to bf16
+# values (round to nearest even, on the bits) and multiplies them in fp32, which is what a bf16 tensor-core dot with
+# fp32 accumulation computes
+_EMULATE_BF16 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
+
+
+@triton.jit
+def _round_bf16(v):
+    """v rounded to bf16 (round to nearest even), as a bf16 tensor on the GPU and as fp32 values in the interpreter."""
+    if _EMULATE_BF16:
+        u = v.to(tl.uint32, bitcast=True)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+        return u.to(tl.float32, bitcast=True)
+    else:
+        return v.to(tl.bfloat16)
+
+
+@triton.jit
+def _split_bf16(v):
+    """v = hi + mid + lo + O(2^-24 |v|), three bf16 values (Dekker-style splitting on the fp32 value)."""
+    hi = _round_bf16(v)
+    r = v - hi.to(tl.float32)
+    mid = _round_bf16(r)
+    return hi, mid, _round_bf16(r - mid.to(tl.float32))
+
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr):
+    """fp32 dot at a chosen precision, always with fp32 accumulation:
+    "ieee", "tf32", "tf32x3"   the tensor-core input precisions of tl.dot;
+    "bf16"                     both operands rounded to bf16 (twice tf32's rate, six times tf32x3's);
+    "bf16x3a" / "bf16x3b"      operand a (b) split into three bf16 parts, the other one a bf16 value (a loaded bf16
+                               input: exact): three bf16 dots, half the cost of tf32x3 at about fp32 accuracy."""
+    if PREC == "bf16":
+        return tl.dot(_round_bf16(a), _round_bf16(b))
+    elif PREC == "bf16x3a":
+        hi, mid, lo = _split_bf16(a)
+        bb = _round_bf16(b)
+        return tl.dot(hi, bb, tl.dot(mid, bb, tl.dot(lo, bb)))  # smallest part first, accumulated in the MMA
+    elif PREC == "bf16x3b":
+        hi, mid, lo = _split_bf16(b)
+        aa = _round_bf16(a)
+        return tl.dot(aa, hi, tl.dot(aa, mid, tl.dot(aa, lo)))
+    else:
+        return tl.dot(a, b, input_precision=PREC)
 
 
 @triton.jit
@@ -191,7 +240,7 @@ def _bi_ssd_fwd_kernel(
     P: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr,
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr,
     HAS_D: tl.constexpr, D_PER_P: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-    COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
+    COMPUTE: tl.constexpr, DOT_F: tl.constexpr, DOT_FS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
@@ -242,12 +291,12 @@ def _bi_ssd_fwd_kernel(
                 Cv = tl.load(C_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
                 rowd = cs
                 causal = tt >= ss
-            CB = tl.dot(Cv, tl.trans(Bv))
+            CB = _dot(Cv, tl.trans(Bv), DOT_F)
             decay = tl.exp(tl.where(causal, rowd[:, None] - cs[None, :], float("-inf")))
             W = CB * decay * dtv[None, :]
-            yv = tl.dot(W, xv) + tl.exp(rowd)[:, None] * tl.dot(Cv, S)
+            yv = _dot(W, xv, DOT_F) + tl.exp(rowd)[:, None] * _dot(Cv, S, DOT_F)
             wS = tl.exp(tail - a) * dtv
-            S = tl.exp(cs_last) * S + tl.dot(tl.trans(Bv * wS[:, None]), xv)
+            S = tl.exp(cs_last) * S + _dot(tl.trans(Bv * wS[:, None]), xv, DOT_FS)
             if not DO_B:
                 if HAS_D:
                     if D_PER_P:
@@ -277,13 +326,13 @@ def _bi_ssd_fwd_kernel(
                 Cv = tl.load(Cb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
                 rowd = csx
                 anti = ss >= tt
-            CB = tl.dot(Cv, tl.trans(Bv))
+            CB = _dot(Cv, tl.trans(Bv), DOT_F)
             decay = tl.exp(tl.where(anti, csx[None, :] - rowd[:, None], float("-inf")))
             W = CB * decay * dtv[None, :]
             # from row t to the chunk's end: steps t+1.. (shift: rowd = cs) or t.. (rowd = csx)
-            yv = tl.dot(W, xv) + tl.exp(tail - a if SHIFT else tail)[:, None] * tl.dot(Cv, Sb)
+            yv = _dot(W, xv, DOT_F) + tl.exp(tail - a if SHIFT else tail)[:, None] * _dot(Cv, Sb, DOT_F)
             wS = tl.exp(csx) * dtv
-            Sb = tl.exp(cs_last) * Sb + tl.dot(tl.trans(Bv * wS[:, None]), xv)
+            Sb = tl.exp(cs_last) * Sb + _dot(tl.trans(Bv * wS[:, None]), xv, DOT_FS)
             if HAS_D:
                 if D_PER_P:
                     yv += Dv[None, :] * xv
@@ -298,7 +347,7 @@ def _bi_ssd_fwd_kernel(
 @triton.jit
 def _state_walk(v_ptr, r_ptr, dt_base, st_base, A_h, bias, L, H, SEG, v_stride, r_stride, R_SHIFT: tl.constexpr,
                 dt_lo, dt_hi, P: tl.constexpr, N: tl.constexpr, MODE: tl.constexpr, SOFTPLUS: tl.constexpr,
-                COMPUTE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+                COMPUTE: tl.constexpr, DOT_ST: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_P: tl.constexpr, pid_p):
     """Walk the chunks and store one state at every segment boundary: st[seg] (N x P block).
 
@@ -347,7 +396,7 @@ def _state_walk(v_ptr, r_ptr, dt_base, st_base, A_h, bias, L, H, SEG, v_stride, 
         rr = rows + R_SHIFT
         m_r = (mrow & (rr >= 0) & (rr < L))[:, None] & mask_p[None, :]
         Rv = tl.load(r_ptr + rr[:, None] * r_stride + offs_p[None, :], mask=m_r, other=0.0).to(COMPUTE)
-        S = tl.exp(last) * S + tl.dot(tl.trans(Vv * w[:, None]), Rv, input_precision=DOT_PREC)
+        S = tl.exp(last) * S + _dot(tl.trans(Vv * w[:, None]), Rv, DOT_ST)
 
 
 @triton.jit
@@ -356,7 +405,7 @@ def _bi_ssd_state_kernel(
     L, H, G, SEG, dt_lo, dt_hi,
     P: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr, GRAD: tl.constexpr,
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-    COMPUTE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
+    COMPUTE: tl.constexpr, DOT_ST: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     """Segment-boundary states: program (batch * head, headdim block, slot).
     GRAD (backward): 4 slots, slot = MODE of :func:`_state_walk`; st has shape (b * h, 4, nseg, N, P).
@@ -381,19 +430,19 @@ def _bi_ssd_state_kernel(
     if kind == 0:
         if DO_F:
             _state_walk(B_ptr + bco, x_ptr + xo, dt_ptr + dto, st_base, A_h, bias, L, H, SEG, G * N, H * P, 0,
-                        dt_lo, dt_hi, P, N, 0, SOFTPLUS, COMPUTE, DOT_PREC, BLOCK_Q, BLOCK_N, BLOCK_P, pid_p)
+                        dt_lo, dt_hi, P, N, 0, SOFTPLUS, COMPUTE, DOT_ST, BLOCK_Q, BLOCK_N, BLOCK_P, pid_p)
     elif kind == 1:
         if GRAD and DO_B:
             _state_walk(Cb_ptr + bco, dy_ptr + xo, dtb_ptr + dto, st_base, A_h, bias, L, H, SEG, G * N, H * P, SH_B,
-                        dt_lo, dt_hi, P, N, 1, SOFTPLUS, COMPUTE, DOT_PREC, BLOCK_Q, BLOCK_N, BLOCK_P, pid_p)
+                        dt_lo, dt_hi, P, N, 1, SOFTPLUS, COMPUTE, DOT_ST, BLOCK_Q, BLOCK_N, BLOCK_P, pid_p)
     elif kind == 2:
         if GRAD and DO_F:
             _state_walk(C_ptr + bco, dy_ptr + xo, dt_ptr + dto, st_base, A_h, bias, L, H, SEG, G * N, H * P, SH_F,
-                        dt_lo, dt_hi, P, N, 2, SOFTPLUS, COMPUTE, DOT_PREC, BLOCK_Q, BLOCK_N, BLOCK_P, pid_p)
+                        dt_lo, dt_hi, P, N, 2, SOFTPLUS, COMPUTE, DOT_ST, BLOCK_Q, BLOCK_N, BLOCK_P, pid_p)
     else:
         if DO_B:
             _state_walk(Bb_ptr + bco, x_ptr + xo, dtb_ptr + dto, st_base, A_h, bias, L, H, SEG, G * N, H * P, 0,
-                        dt_lo, dt_hi, P, N, 3, SOFTPLUS, COMPUTE, DOT_PREC, BLOCK_Q, BLOCK_N, BLOCK_P, pid_p)
+                        dt_lo, dt_hi, P, N, 3, SOFTPLUS, COMPUTE, DOT_ST, BLOCK_Q, BLOCK_N, BLOCK_P, pid_p)
 
 
 @triton.jit
@@ -404,8 +453,8 @@ def _bi_ssd_bwd_kernel(
     P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SEPARATE: tl.constexpr,
     HAS_D: tl.constexpr, D_PER_P: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-    GRAD_PER_HEAD: tl.constexpr, ACC: tl.constexpr, COMPUTE: tl.constexpr, DOT_PREC: tl.constexpr,
-    DOT_IN: tl.constexpr, DOT_LO: tl.constexpr, BLOCK_Q: tl.constexpr,
+    GRAD_PER_HEAD: tl.constexpr, ACC: tl.constexpr, COMPUTE: tl.constexpr, DOT_ST: tl.constexpr,
+    DOT_RD: tl.constexpr, DOT_MID: tl.constexpr, DOT_IN: tl.constexpr, DOT_LO: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seg = tl.program_id(1)
@@ -485,19 +534,19 @@ def _bi_ssd_bwd_kernel(
                 dzf = tl.load(dy_ptr + xo + r1[:, None] * xstride + offs_p[None, :], mask=m1, other=0.0).to(COMPUTE)
             else:
                 dzf = dyv
-            CBf = tl.dot(Cf, tl.trans(Bf), input_precision=DOT_IN)
+            CBf = _dot(Cf, tl.trans(Bf), DOT_IN)
             decf = tl.exp(tl.where(tt >= ss, csf[:, None] - csf[None, :], float("-inf")))
             ef_end = tl.exp(tailf - af)
             # the diagonal (s == t) term does not depend on the decays: it is kept out of the
             # per-position log-decay gradients (where it would cancel only up to rounding)
             diagf = tl.sum(Cf * Bf, 1)
-            uf_in = ef_end[:, None] * tl.dot(Bf, dS, input_precision=DOT_PREC)  # pairs with t in later chunks
-            uf = tl.dot(tl.trans(tl.where(tt > ss, CBf * decf, 0.0)), dzf, input_precision=DOT_PREC) + uf_in
+            uf_in = ef_end[:, None] * _dot(Bf, dS, DOT_RD)  # pairs with t in later chunks
+            uf = _dot(tl.trans(tl.where(tt > ss, CBf * decf, 0.0)), dzf, DOT_MID) + uf_in
             # (dz_t . x_s) decay(t, s): two loaded inputs (DOT_IN); it also gives the in-chunk pair terms below
-            Mf = tl.dot(dzf, tl.trans(xv), input_precision=DOT_IN) * decf
-            dBf = dtf[:, None] * (tl.dot(tl.trans(Mf), Cf, input_precision=DOT_LO) + ef_end[:, None] * tl.dot(xv, tl.trans(dS), input_precision=DOT_LO))
-            dCv += tl.dot(Mf * dtf[None, :], Bf, input_precision=DOT_LO)
-            dS = tl.exp(lastf) * dS + tl.dot(tl.trans(Cf * tl.exp(csf)[:, None]), dzf, input_precision=DOT_PREC)
+            Mf = _dot(dzf, tl.trans(xv), DOT_IN) * decf
+            dBf = dtf[:, None] * (_dot(tl.trans(Mf), Cf, DOT_LO) + ef_end[:, None] * _dot(xv, tl.trans(dS), DOT_LO))
+            dCv += _dot(Mf * dtf[None, :], Bf, DOT_LO)
+            dS = tl.exp(lastf) * dS + _dot(tl.trans(Cf * tl.exp(csf)[:, None]), dzf, DOT_ST)
             xu = tl.sum(uf * xv, 1)
             # log-decay gradient, pairs inside the chunk: P[t, s] (t > s) spans the steps s+1..t, so
             # da[j] = sum_{t >= j > s} P[t, s] = reverse cumsum of (row sums - column sums), local to the chunk;
@@ -519,15 +568,15 @@ def _bi_ssd_bwd_kernel(
                 dzb = tl.load(dy_ptr + xo + r2[:, None] * xstride + offs_p[None, :], mask=m2, other=0.0).to(COMPUTE)
             else:
                 dzb = dyv
-            CBb = tl.dot(Cbv, tl.trans(Bbv), input_precision=DOT_IN)
+            CBb = _dot(Cbv, tl.trans(Bbv), DOT_IN)
             decb = tl.exp(tl.where(ss >= tt, csxb[None, :] - csxb[:, None], float("-inf")))
             eb_row = tl.exp(tailb)
             # output terms of pairs with s in later chunks (the state); in-chunk pairs go through Pb below
-            zb_in = eb_row[:, None] * tl.dot(Cbv, Sb, input_precision=DOT_PREC)
+            zb_in = eb_row[:, None] * _dot(Cbv, Sb, DOT_RD)
             Yb = tl.sum(dzb * zb_in, 1)
-            Mb = tl.dot(dzb, tl.trans(xv), input_precision=DOT_IN) * decb
-            dCb = tl.dot(Mb * dtb[None, :], Bbv, input_precision=DOT_LO) + eb_row[:, None] * tl.dot(dzb, tl.trans(Sb), input_precision=DOT_LO)
-            Sb = tl.exp(lastb) * Sb + tl.dot(tl.trans(Bbv * (tl.exp(csxb) * dtb)[:, None]), xv, input_precision=DOT_PREC)
+            Mb = _dot(dzb, tl.trans(xv), DOT_IN) * decb
+            dCb = _dot(Mb * dtb[None, :], Bbv, DOT_LO) + eb_row[:, None] * _dot(dzb, tl.trans(Sb), DOT_LO)
+            Sb = tl.exp(lastb) * Sb + _dot(tl.trans(Bbv * (tl.exp(csxb) * dtb)[:, None]), xv, DOT_ST)
             # pairs inside the chunk: P[t, s] (s > t) spans the steps t..s-1: da[j] = sum_{t <= j < s} P[t, s]
             Pb = tl.where(ss > tt, Mb * CBb, 0.0) * dtb[None, :]
             vb_dcs = -Yb
@@ -576,12 +625,12 @@ def _bi_ssd_bwd_kernel(
                 dzf = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
             ecs = tl.exp(csf)
             # output terms of pairs with s in earlier chunks (the in-chunk pairs were done in pass A)
-            Yf = tl.sum(dzf * (ecs[:, None] * tl.dot(Cf, S, input_precision=DOT_PREC)), 1)
-            dC_inter = ecs[:, None] * tl.dot(dzf, tl.trans(S), input_precision=DOT_LO)
+            Yf = tl.sum(dzf * (ecs[:, None] * _dot(Cf, S, DOT_RD)), 1)
+            dC_inter = ecs[:, None] * _dot(dzf, tl.trans(S), DOT_LO)
             dC_ptrs = dC_ptr + go + rows[:, None] * gstride + offs_n[None, :]
             dC_inter += tl.load(dC_ptrs, mask=m_bn, other=0.0).to(COMPUTE)
             tl.store(dC_ptrs, dC_inter.to(dC_ptr.dtype.element_ty), mask=m_bn)
-            S = tl.exp(lastf) * S + tl.dot(tl.trans(Bf * (tl.exp(tailf - af) * dtf)[:, None]), xv, input_precision=DOT_PREC)
+            S = tl.exp(lastf) * S + _dot(tl.trans(Bf * (tl.exp(tailf - af) * dtf)[:, None]), xv, DOT_ST)
             add_dcs_f = Yf
         if DO_B:
             dtb, ab, csb, lastb, tailb = _chunk_decay(dtb_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
@@ -594,15 +643,15 @@ def _bi_ssd_bwd_kernel(
                 dzb = tl.load(dy_ptr + xo + r2[:, None] * xstride + offs_p[None, :], mask=m2, other=0.0).to(COMPUTE)
             else:
                 dzb = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-            CBb = tl.dot(Cbv, tl.trans(Bbv), input_precision=DOT_IN)
+            CBb = _dot(Cbv, tl.trans(Bbv), DOT_IN)
             decb = tl.exp(tl.where(ss >= tt, csxb[None, :] - csxb[:, None], float("-inf")))
             ebx = tl.exp(csxb)
             diagb = tl.sum(Cbv * Bbv, 1)
-            ub_in = ebx[:, None] * tl.dot(Bbv, dSb, input_precision=DOT_PREC)  # pairs with t in earlier chunks
-            ub = tl.dot(tl.trans(tl.where(ss > tt, CBb * decb, 0.0)), dzb, input_precision=DOT_PREC) + ub_in
-            Mb = tl.dot(dzb, tl.trans(xv), input_precision=DOT_LO) * decb
-            dBb = dtb[:, None] * (tl.dot(tl.trans(Mb), Cbv, input_precision=DOT_LO) + ebx[:, None] * tl.dot(xv, tl.trans(dSb), input_precision=DOT_LO))
-            dSb = tl.exp(lastb) * dSb + tl.dot(tl.trans(Cbv * tl.exp(tailb)[:, None]), dzb, input_precision=DOT_PREC)
+            ub_in = ebx[:, None] * _dot(Bbv, dSb, DOT_RD)  # pairs with t in earlier chunks
+            ub = _dot(tl.trans(tl.where(ss > tt, CBb * decb, 0.0)), dzb, DOT_MID) + ub_in
+            Mb = _dot(dzb, tl.trans(xv), DOT_LO) * decb
+            dBb = dtb[:, None] * (_dot(tl.trans(Mb), Cbv, DOT_LO) + ebx[:, None] * _dot(xv, tl.trans(dSb), DOT_LO))
+            dSb = tl.exp(lastb) * dSb + _dot(tl.trans(Cbv * tl.exp(tailb)[:, None]), dzb, DOT_ST)
             xub = tl.sum(ub * xv, 1)
             Xb = dtb * tl.sum(ub_in * xv, 1)
             vb_ddt = xub + diagb * tl.sum(dzb * xv, 1)

@@ -57,15 +57,15 @@ def _cpu_bench(fn, quantiles=None, reps=2):
 
 _BENCH = dict(do_bench=_cpu_bench) if _INTERPRET else {}
 _KEY = ["P", "N", "DO_F", "DO_B", "SHIFT", "HAS_D", "D_PER_P", "HAS_BIAS", "SOFTPLUS", "COMPUTE"]
-_fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=_KEY, **_BENCH)(_bi_ssd_fwd_kernel)
+_fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=_KEY + ["DOT_F", "DOT_FS"], **_BENCH)(_bi_ssd_fwd_kernel)
 # the backward adds to dx (and dB, dC) that an earlier launch wrote (ACC): the autotuner times each config on copies
 # restored after every timed call, so tuning never adds the same contribution twice
 _bwd_tuned = triton.autotune(
-    configs=BWD_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD", "ACC", "DOT_IN"],
+    configs=BWD_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD", "ACC", "DOT_ST", "DOT_RD", "DOT_MID", "DOT_IN", "DOT_LO"],
     prune_configs_by={"early_config_prune": prune_bwd_configs}, restore_value=["dx_ptr", "dB_ptr", "dC_ptr"], **_BENCH,
 )(_bi_ssd_bwd_kernel)
 _state_tuned = triton.autotune(
-    configs=STATE_CONFIGS, key=["P", "N", "GRAD", "DO_F", "DO_B", "SHIFT", "HAS_BIAS", "SOFTPLUS", "COMPUTE", "DOT_PREC"],
+    configs=STATE_CONFIGS, key=["P", "N", "GRAD", "DO_F", "DO_B", "SHIFT", "HAS_BIAS", "SOFTPLUS", "COMPUTE", "DOT_ST"],
     **_BENCH,
 )(_bi_ssd_state_kernel)
 
@@ -187,11 +187,35 @@ def _pow2(v):
 
 
 def _dot_precisions(x):
-    """(DOT_PREC, DOT_IN, DOT_LO) of the backward: dots feeding the log-decay gradients and the states; dots of two
-    loaded inputs (exact in tf32 when the inputs are 16-bit); dots feeding dx, dB, dC only (tf32 allowed)."""
+    """Input precisions of the backward's dots (keyword arguments of the kernels), by what each dot feeds:
+
+    DOT_ST  state updates, S <- a S + (w V)^T R: the states' errors reach the log-decay gradients (ddt, dA, d dt_bias)
+            through the sums that pass C telescopes, so these need about fp32 accuracy;
+    DOT_RD  read-outs of a state (C S, B dS) that feed the same sums;
+    DOT_MID in-chunk products that feed dx and the direct part of ddt only;
+    DOT_IN  dots of two loaded inputs (C B^T, dz x^T), which also give the in-chunk pair terms of the log-decay
+            gradients: exact in tf32 for 16-bit inputs, and in bf16 for bf16 ones;
+    DOT_LO  dots that feed only dx, dB, dC.
+    bf16 inputs: the operand of a state dot that is not a loaded input is split into three bf16 parts ("bf16x3a/b", see
+    triton_kernels._dot): fp32 accuracy at half the cost of tf32x3. Two parts (2^-17) made dA 30 times less accurate on
+    an H200 at L = 65536 with fast decays (0.35 relative error), and plain tf32 (2^-11) 70 times under emulation
+    (tests/test_tf32_precision.py). The rest runs in bf16, whose rounding is that of the 16-bit outputs."""
     if x.dtype == torch.float64:
-        return "ieee", "ieee", "ieee"
-    return "tf32x3", ("tf32" if x.dtype in (torch.float16, torch.bfloat16) else "tf32x3"), "tf32"
+        return dict.fromkeys(("DOT_ST", "DOT_RD", "DOT_MID", "DOT_IN", "DOT_LO"), "ieee")
+    if x.dtype == torch.bfloat16:
+        return dict(DOT_ST="bf16x3a", DOT_RD="bf16x3b", DOT_MID="bf16", DOT_IN="bf16", DOT_LO="bf16")
+    if x.dtype == torch.float16:  # fp16 values are not bf16 values: no exact operand for a bf16 split
+        return dict(DOT_ST="tf32x3", DOT_RD="tf32", DOT_MID="bf16", DOT_IN="tf32", DOT_LO="bf16")
+    return dict(DOT_ST="tf32x3", DOT_RD="tf32x3", DOT_MID="tf32", DOT_IN="tf32x3", DOT_LO="tf32")
+
+
+def _forward_dot_precisions(x):
+    """(DOT_F, DOT_FS) of the forward kernel: its dots, and its state updates. tf32 ("ieee" for fp64) whatever the
+    input dtype: bf16 dots in the forward kernel gave a wrong y and an illegal memory access on an H200 (Triton 3.6)
+    with the (BLOCK_Q 64, BLOCK_P 32, 4 warps) config, and they saved only 0.03 ms at b16 L1600 h8."""
+    if x.dtype == torch.float64:
+        return dict(DOT_F="ieee", DOT_FS="ieee")
+    return dict(DOT_F="tf32", DOT_FS="tf32")
 
 
 def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias):
@@ -210,13 +234,13 @@ def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias):
     if nseg == 1:
         return seg, 1, torch.zeros((b * h, nslot, 1, n, p), dtype=cdt, device=x.device)
     st = _alloc((b * h, nslot, nseg, n, p), cdt, x.device)
-    # the backward's state walks feed the log-decay gradients; the forward's dots keep Triton's default (tf32)
-    prec = _dot_precisions(x)[0] if grad or x.dtype == torch.float64 else "tf32"
+    # the backward's state walks feed the log-decay gradients; the forward's are the forward kernel's state updates
+    prec = _dot_precisions(x)["DOT_ST"] if grad else _forward_dot_precisions(x)["DOT_FS"]
     _launch(_bi_ssd_state_kernel, _state_tuned, STATE_CONFIGS, "state",
             lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"]), nslot),
             (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy if grad else x, st, l, h, g, seg, lo, hi),
             dict(P=p, N=n, BLOCK_N=_pow2(n), GRAD=grad, DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias,
-                 SOFTPLUS=dt_softplus, COMPUTE=_compute_dtype(x), DOT_PREC=prec))
+                 SOFTPLUS=dt_softplus, COMPUTE=_compute_dtype(x), DOT_ST=prec))
     return seg, nseg, st
 
 
@@ -237,6 +261,7 @@ class _BiSSDFn(torch.autograd.Function):
         kwargs = dict(
             P=p, N=n, BLOCK_N=_pow2(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_D=has_d,
             D_PER_P=has_d and D.dim() == 2, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=_compute_dtype(x),
+            **_forward_dot_precisions(x),
         )
         _launch(_bi_ssd_fwd_kernel, _fwd_tuned, FWD_CONFIGS, "fwd",
                 lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"]), nseg), args, kwargs)
@@ -277,13 +302,12 @@ class _BiSSDFn(torch.autograd.Function):
         part = _alloc((b, h, 2), cdt, dev)
         common = dict(DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
                       COMPUTE=_compute_dtype(x))
-        prec, prec_in, prec_lo = _dot_precisions(x)
         args = (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, dy,
                 dx, dB, dC, ddt, dBb, dCb, ddtb, scr, part_d, st, l, h, g, seg, lo, hi)
         kwargs = dict(
             P=p, N=n, BLOCK_P=_pow2(p), BLOCK_N=_pow2(n), SEPARATE=separate, HAS_D=has_d,
-            D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head, DOT_PREC=prec, DOT_IN=prec_in, DOT_LO=prec_lo,
-            **common,
+            D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head,
+            **_dot_precisions(x), **common,
         )
         split = _SPLIT_DIRECTIONS if _forced["split"] is None else _forced["split"]
         grid = lambda meta: (b * h, nseg)  # noqa: E731

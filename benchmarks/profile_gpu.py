@@ -1,0 +1,194 @@
+"""Where the GPU time goes: per-kernel CUDA time of the bidirectional SSD op, and the share of the op in a model step.
+
+    python benchmarks/profile_gpu.py kernels [--out FILE.json]   # torch.profiler over fwd+bwd at the benchmark shapes
+    python benchmarks/profile_gpu.py model [--out FILE.json]     # yolov8{n,s}-bimamba step (needs Ultralytics)
+
+``kernels``: for each shape and each segmentation (programs per SM), the CUDA time of every kernel per fwd+bwd
+call, summed over its launches, and the total. ``model``: one training step of the detection model (640 px,
+batch 32, bf16 AMP) under the profiler: CUDA time of our kernels, of the rest, and the op's call shapes.
+Figures are medians of several profiled iterations; they are for finding the cost, the benchmark reports the
+targets.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+KEYS = ("DOT_ST", "DOT_RD", "DOT_MID", "DOT_IN", "DOT_LO")
+
+
+def _kernel_times(fn, iters=5):
+    """Median over ``iters`` profiled calls of fn: {kernel name: CUDA ms per call} and the number of launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    per_iter = []
+    for _ in range(iters):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        acc = defaultdict(float)
+        n = 0
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA:
+                acc[ev.name] += ev.device_time_total / 1e3 if hasattr(ev, "device_time_total") else ev.cuda_time_total / 1e3
+                n += 1
+        per_iter.append((dict(acc), n))
+    names = set().union(*(d for d, _ in per_iter))
+    med = {k: statistics.median(d.get(k, 0.0) for d, _ in per_iter) for k in names}
+    return dict(sorted(med.items(), key=lambda kv: -kv[1])), statistics.median(n for _, n in per_iter)
+
+
+def kernels(args):
+    from bench_kernels import _enter_package_without_glue
+
+    _enter_package_without_glue()
+    from yolo_bimamba.ops import bi_ssd, triton_op
+
+    shapes = [  # (name, b, L, h, p, n)
+        ("b16_L1600_h8_p64_n64", 16, 1600, 8, 64, 64),
+        ("b16_L1600_h8_p32_n32", 16, 1600, 8, 32, 32),
+        ("b32_L400_h8_p32_n32", 32, 400, 8, 32, 32),
+        ("lm_b8_L8192_h32_p64_n128", 8, 8192, 32, 64, 128),
+    ]
+    pps_list = [float(v) for v in args.pps.split(",")]
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": __import__("triton").__version__,
+           "runs": []}
+    for name, b, L, h, p, n in shapes:
+        if args.shapes and name not in args.shapes.split(","):
+            continue
+        torch.manual_seed(0)
+        dev = "cuda"
+        x = torch.randn(b, L, h, p, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        dt = (torch.rand(b, L, h, device=dev) - 3.0).to(torch.bfloat16).requires_grad_()
+        A = (-torch.rand(h, device=dev) * 2 - 0.5).requires_grad_()
+        B = torch.randn(b, L, 1, n, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        C = torch.randn(b, L, 1, n, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        D = torch.ones(h, device=dev, requires_grad=True)
+        bias = torch.zeros(h, device=dev, requires_grad=True)
+        dy = torch.randn_like(x)
+        variants = [(d, pps, prec, cfg) for d in args.directions.split(",") for pps in pps_list
+                    for prec in (args.prec.split(";") if args.prec else [None])
+                    for cfg in ([int(c) for c in args.bwd_cfgs.split(",")] if args.bwd_cfgs else [None])]
+        orig_prec = triton_op._dot_precisions
+        for direction, pps, prec, cfg in variants:
+            triton_op._PROGRAMS_PER_SM = pps
+            if prec:
+                triton_op._dot_precisions = lambda x, prec=prec: dict(zip(KEYS, prec.split(",")))
+            else:
+                triton_op._dot_precisions = orig_prec
+
+            def step():
+                y = bi_ssd(x, dt, A, B, C, D=D, dt_bias=bias, dt_softplus=True, direction=direction,
+                           backend="triton")
+                torch.autograd.grad(y, (x, dt, A, B, C, D, bias), dy)
+
+            seg = triton_op.segment_rows(b, h, L, x.device)
+            with triton_op.force_config(bwd=cfg):
+                times, launches = _kernel_times(step)
+            total = sum(times.values())
+            rec = {"shape": name, "direction": direction, "programs_per_sm": pps, "dot_prec": prec, "bwd_cfg": cfg,
+                   "seg_rows": seg, "nseg": -(-L // seg), "total_ms": round(total, 4), "launches": launches,
+                   "kernels_ms": {k: round(v, 4) for k, v in times.items()}}
+            out["runs"].append(rec)
+            top = ", ".join(f"{k[:40]}={v:.3f}" for k, v in list(times.items())[:6])
+            print(f"{name} {direction} pps={pps} prec={prec} bwd={cfg} seg={seg}: total {total:.3f} ms, "
+                  f"{launches} launches; {top}", flush=True)
+        triton_op._dot_precisions = orig_prec
+        del x, dt, B, C, dy
+        torch.cuda.empty_cache()
+    triton_op._PROGRAMS_PER_SM = 4.0
+    return out
+
+
+def model(args):
+    os.environ.setdefault("YOLO_OFFLINE", "1")
+    from bench_train import PRECISIONS, make_batch
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import DetectionModel
+
+    import yolo_bimamba.nn.bimamba2 as bm
+
+    calls = defaultdict(int)
+    orig = bm.bi_ssd
+
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": []}
+    for yaml in args.models.split(","):
+        dev = torch.device("cuda")
+        torch.manual_seed(0)
+        m = DetectionModel(yaml, nc=80, verbose=False).to(dev).train()
+        m.args = get_cfg()
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
+        batch = make_batch(32, 640, dev)
+        dtype = PRECISIONS[args.precision]
+
+        def step():
+            with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+                loss = m(batch)[0].sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        # the op's call shapes in one forward
+        calls.clear()
+
+        def spy(x, *a, **k):
+            calls[(tuple(x.shape), tuple(a[2].shape) if len(a) > 2 else None)] += 1
+            return orig(x, *a, **k)
+
+        bm.bi_ssd = spy
+        for _ in range(3):
+            step()
+        calls.clear()
+        step()
+        bm.bi_ssd = orig
+        times, launches = _kernel_times(step, iters=3)
+        ours = {k: v for k, v in times.items() if "bi_ssd" in k}
+        total = sum(times.values())
+        rec = {"model": yaml, "precision": args.precision, "cuda_total_ms": round(total, 3), "launches": launches,
+               "bi_ssd_ms": round(sum(ours.values()), 3), "bi_ssd_kernels_ms": {k: round(v, 3) for k, v in ours.items()},
+               "top_kernels_ms": {k: round(v, 3) for k, v in list(times.items())[:25]},
+               "op_calls": {str(k): v for k, v in calls.items()}}
+        out["runs"].append(rec)
+        print(json.dumps({k: rec[k] for k in ("model", "cuda_total_ms", "launches", "bi_ssd_ms", "op_calls")}), flush=True)
+        for k, v in list(times.items())[:25]:
+            print(f"   {v:8.3f}  {k[:110]}")
+        del m, opt
+        torch.cuda.empty_cache()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["kernels", "model"])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--pps", default="4", help="kernels: programs per SM values, comma separated")
+    ap.add_argument("--directions", default="both,forward", help="kernels: directions, comma separated")
+    ap.add_argument("--prec", default="", help="kernels: backward dot precisions, ST,RD,MID,IN,LO;... (see triton_op._dot_precisions)")
+    ap.add_argument("--bwd-cfgs", default="", help="kernels: forced backward configs, comma separated")
+    ap.add_argument("--shapes", default="", help="kernels: shape names, comma separated (default all)")
+    ap.add_argument("--models", default="yolov8n-bimamba.yaml,yolov8n.yaml")
+    ap.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
+    args = ap.parse_args()
+    res = kernels(args) if args.what == "kernels" else model(args)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=1))
+        print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()
