@@ -1,6 +1,6 @@
 """End-to-end training benchmark on a CUDA GPU (issue 6).
 
-Measures, for yolov8n/s and yolov8n/s-bimamba at imgsz 640, batch 32:
+Measures, for yolov8n/s, yolov8n/s-bimamba and yolov8n/s-bimamba-p5 at imgsz 640, batch 32:
   1. the model step alone (forward + loss + backward + clip + optimizer step on a fixed GPU batch),
      median over repeats, images/s and peak memory, in fp32 / bf16 / fp16 AMP, with our Triton
      kernels and with the PyTorch op;
@@ -32,7 +32,8 @@ import torch  # noqa: E402
 import yolo_bimamba  # noqa: E402,F401  (registers the blocks)
 from yolo_bimamba.nn import BiMamba2  # noqa: E402
 
-MODELS = ["yolov8n.yaml", "yolov8n-bimamba.yaml", "yolov8s.yaml", "yolov8s-bimamba.yaml"]
+MODELS = ["yolov8n.yaml", "yolov8n-bimamba.yaml", "yolov8n-bimamba-p5.yaml",
+          "yolov8s.yaml", "yolov8s-bimamba.yaml", "yolov8s-bimamba-p5.yaml"]
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -223,6 +224,8 @@ def loop_bench(yaml: str, data: Path, workdir: Path, n_train: int, epochs: int, 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=MODELS)
+    ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS))
+    ap.add_argument("--backends", nargs="+", default=["triton", "torch"], choices=["triton", "torch"])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--steps", type=int, default=15, help="timed model steps per row; 0 skips the model-step bench")
@@ -253,8 +256,8 @@ def main():
     rows, info = [], {}
     for yaml in args.models:
         info[yaml] = model_info(yaml)
-        for prec in PRECISIONS if args.steps > 0 else ():  # --steps 0: no model-step rows (e.g. --loop alone)
-            for backend in ("triton", "torch"):
+        for prec in args.precisions if args.steps > 0 else ():  # --steps 0: no model-step rows (e.g. --loop alone)
+            for backend in args.backends:
                 r = model_step_bench(yaml, prec, backend, args.batch, args.imgsz, args.steps, args.warmup)
                 if r:
                     rows.append(r)

@@ -243,3 +243,29 @@ torch.save(y, {str(tmp_path / 'y.pt')!r})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     y = torch.load(tmp_path / "y.pt")
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_p5_yaml_is_yolov8_plus_one_global_block(tmp_path, monkeypatch):
+    """cfg/yolov8-bimamba-p5.yaml: Ultralytics' yolov8 layout, one C2fBiMamba after SPPF, head indices shifted."""
+    from ultralytics.nn.tasks import DetectionModel, yaml_model_load
+
+    monkeypatch.chdir(tmp_path)
+    ours, plain = yaml_model_load("yolov8s-bimamba-p5.yaml"), yaml_model_load("yolov8s.yaml")
+    assert ours["scale"] == "s" and ours["scales"] == {k: plain["scales"][k] for k in ("n", "s", "m")}
+    assert ours["backbone"][:10] == plain["backbone"]
+    assert ours["backbone"][10][:3] == [-1, 1, "C2fBiMamba"]
+
+    def shifted(f):  # SPPF's output (9) is now the BiMamba block's (10); later rows move down by one
+        return [shifted(i) for i in f] if isinstance(f, list) else (f + 1 if f >= 9 else f)
+
+    assert [[shifted(r[0])] + r[1:] for r in plain["head"]] == ours["head"]
+    torch.manual_seed(0)
+    m, ref = DetectionModel("yolov8n-bimamba-p5.yaml", nc=10, verbose=False), DetectionModel("yolov8n.yaml", nc=10, verbose=False)
+    assert type(m.model[10]).__name__ == "C2fBiMamba"
+    x = torch.rand(2, 3, 96, 96)
+    from torch.utils._pytree import tree_leaves
+
+    out, out_ref = tree_leaves(m.train()(x)), tree_leaves(ref.train()(x))
+    assert out and [o.shape for o in out] == [o.shape for o in out_ref]
+    sum(o.float().sum() for o in out).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.model[10].parameters())

@@ -5,7 +5,7 @@ D (h,) or (h, p). The sequence is walked in tiles of BLOCK_Q rows ("chunks"); BL
 tuning parameter only: the result does not depend on it (up to rounding).
 
 Segments: the sequence is cut into segments of SEG rows (a whole number of chunks of every config; chosen by
-triton_op.segment_rows for about 4 programs per SM) that run in parallel. The state kernel
+triton_op.segment_rows for about 2 programs per SM) that run in parallel. The state kernel
 (_bi_ssd_state_kernel, one program per (batch * head, headdim block, state kind)) walks the chunks once and
 stores the states at the segment boundaries: S_f, S_b for the forward; S_f, dS_b, dS_f, S_b for the backward.
 With one segment no state kernel runs and the segment kernels start from zeros.

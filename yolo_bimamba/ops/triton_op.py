@@ -30,8 +30,10 @@ _forced = {"fwd": None, "bwd": None, "state": None, "seg": None, "split": None}
 # "both" directions: the backward's segment kernel runs once per direction (the second launch adds to the first's
 # dx, dB, dC) instead of once with both directions in one program (fewer registers per program; see the benchmark)
 _SPLIT_DIRECTIONS = os.environ.get("YOLO_BIMAMBA_SPLIT_DIRECTIONS", "1") not in ("", "0")
-# segment-parallel backward: aim for about this many backward programs per streaming multiprocessor
-_PROGRAMS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_PROGRAMS_PER_SM", "4"))
+# segment-parallel kernels: aim for about this many backward programs per streaming multiprocessor. 2 was faster than
+# 4 and 8 on an H200 at every shape of benchmarks/profile_gpu.py (fewer segments: a shorter state-kernel walk and fewer
+# boundary states), e.g. b16 L1600 h8 fwd+bwd 1.89 / 2.12 / 2.04 ms GPU time (benchmarks/results/prof-*.json)
+_PROGRAMS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_PROGRAMS_PER_SM", "2"))
 # test hook: allocate every output / gradient buffer filled with NaN so unwritten elements show
 _POISON = os.environ.get("YOLO_BIMAMBA_POISON", "0") not in ("", "0")
 # YOLO_BIMAMBA_AUTOTUNE=0: no autotuning (no compile of every config on first use); DEFAULT_CONFIGS are used
