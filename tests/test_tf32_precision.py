@@ -139,8 +139,8 @@ def test_bf16_policy_under_emulated_bf16():
 
 
 def test_fp16_inputs_under_emulated_tensor_cores():
-    """fp16 inputs (fp16 AMP) run their own policy (tf32x3 state updates, tf32 and bf16 elsewhere): fp16 tensors run in
-    the interpreter, so the whole fp16 path is checked here against the bf16 bar of the GPU suite."""
+    """fp16 inputs (fp16 AMP) run their own policy (tf32 and tf32x3 dots): fp16 tensors run in the interpreter, so the
+    whole fp16 path is checked here against the bf16 bar of the GPU suite."""
     assert triton_op._dot_precisions(torch.zeros(1, dtype=torch.float16))["DOT_ST"] == "tf32x3"
     inp, dy = _inputs()
     ref = _grads(inp, dy, "torch", torch.float64)
