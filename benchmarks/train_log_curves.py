@@ -1,7 +1,9 @@
 """Per-epoch losses and mAP of a `train.py` run, read back from its console log (for runs whose results.csv did not
-come back from the GPU machine): writes <log stem>.csv and one PNG with the curves of every log given.
+come back from the GPU machine): writes <log stem>.csv and one PNG with the curves of every log given. Ultralytics'
+own results.csv files (any name ending in .csv) are read as they are.
 
     python benchmarks/train_log_curves.py benchmarks/results/train-h200/session3/*.log --png curves.png
+    python benchmarks/train_log_curves.py benchmarks/results/train-h200/session4/*.results.csv --png curves.png
 
 Losses are the training means Ultralytics prints at the end of each epoch's progress bar; mAP50 and mAP50-95 are
 the validation figures train.py prints per epoch.
@@ -40,6 +42,15 @@ def parse(path: Path) -> list[dict]:
     return rows
 
 
+def read_results_csv(path: Path) -> list[dict]:
+    """Rows of an Ultralytics results.csv in the form parse() returns."""
+    with path.open(newline="") as f:
+        rows = [{k.strip(): v for k, v in r.items()} for r in csv.DictReader(f)]
+    return [dict(epoch=int(r["epoch"]), box_loss=float(r["train/box_loss"]), cls_loss=float(r["train/cls_loss"]),
+                 dfl_loss=float(r["train/dfl_loss"]), mAP50=float(r["metrics/mAP50(B)"]),
+                 mAP50_95=float(r["metrics/mAP50-95(B)"])) for r in rows]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("logs", nargs="+", type=Path)
@@ -47,15 +58,17 @@ def main():
     args = ap.parse_args()
     runs = {}
     for log in args.logs:
-        rows = parse(log)
-        out = log.with_suffix(".csv")
-        with out.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        runs[log.stem] = rows
+        if log.suffix == ".csv":
+            rows, out, name = read_results_csv(log), log, log.name.removesuffix(".csv").removesuffix(".results")
+        else:
+            rows, out, name = parse(log), log.with_suffix(".csv"), log.stem
+            with out.open("w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
+        runs[name] = rows
         last = rows[-1]
-        print(f"{log.stem}: {len(rows)} epochs, box loss {rows[0]['box_loss']} -> {last['box_loss']}, "
+        print(f"{name}: {len(rows)} epochs, box loss {rows[0]['box_loss']} -> {last['box_loss']}, "
               f"mAP50 {last['mAP50']:.3f}, mAP50-95 {last['mAP50_95']:.3f} -> {out}")
     if args.png:
         import matplotlib
