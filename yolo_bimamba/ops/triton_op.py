@@ -287,14 +287,16 @@ class _BiSSDFn(torch.autograd.Function):
         per_head = g != h
         gdt = torch.float32 if per_head and B.dtype != torch.float64 else _acc_dtype(B.dtype)
         gshape = (b, l, h, n) if per_head else (b, l, g, n)
+        split = _SPLIT_DIRECTIONS if _forced["split"] is None else _forced["split"]
+        split = split and do_f and do_b
         dx = _alloc(x.shape, _acc_dtype(x.dtype), dev)
         ddt = _alloc(dt.shape, dt.dtype, dev)
         dB = _alloc(gshape, gdt, dev)
         dC = _alloc(gshape, gdt, dev)
         if separate:
             ddtb = _alloc(dt.shape, dt_bwd.dtype, dev)
-            dBb = _alloc(gshape, gdt, dev)
-            dCb = _alloc(gshape, gdt, dev)
+            # two launches: the backward direction's dB, dC are allocated after the forward direction's were folded
+            dBb, dCb = (None, None) if split else (_alloc(gshape, gdt, dev), _alloc(gshape, gdt, dev))
         else:
             ddtb, dBb, dCb = ddt, dB, dC
         cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -306,29 +308,44 @@ class _BiSSDFn(torch.autograd.Function):
         part = _alloc((b, h, 2), cdt, dev)
         common = dict(DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
                       COMPUTE=_compute_dtype(x))
-        args = (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, dy,
-                dx, dB, dC, ddt, dBb, dCb, ddtb, scr, part_d, st, l, h, g, seg, lo, hi)
-        kwargs = dict(
-            P=p, N=n, BLOCK_P=_pow2(p), BLOCK_N=_pow2(n), SEPARATE=separate, HAS_D=has_d,
-            D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head,
-            **_dot_precisions(x), **common,
-        )
-        split = _SPLIT_DIRECTIONS if _forced["split"] is None else _forced["split"]
-        grid = lambda meta: (b * h, nseg)  # noqa: E731
-        if do_f and do_b and split:
-            _launch(_bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid, args, {**kwargs, "DO_B": False, "ACC": False})
-            _launch(_bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid, args, {**kwargs, "DO_F": False, "ACC": True})
-        else:
-            _launch(_bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid, args, {**kwargs, "ACC": False})
-        _bi_ssd_bwd_dt_kernel[(b * h,)](
-            dt, A, bias_arg, dtb, ddt, ddtb, scr, part, l, h, lo, hi, DO_F=do_f, DO_B=do_b, SEPARATE=separate,
-            HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=_compute_dtype(x), BLOCK_Q=PASS_C_ROWS,
-        )
+
+        def args(gB, gC, gBb, gCb):
+            return (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, dy,
+                    dx, gB, gC, ddt, gBb, gCb, ddtb, scr, part_d, st, l, h, g, seg, lo, hi)
 
         def fold(t, like):  # per-head fp32 partials -> per-group gradient in the input's dtype
             if per_head:
                 t = t.view(b, l, g, h // g, n).sum(3)
             return t.to(like.dtype)
+
+        kwargs = dict(
+            P=p, N=n, BLOCK_P=_pow2(p), BLOCK_N=_pow2(n), SEPARATE=separate, HAS_D=has_d,
+            D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head,
+            **_dot_precisions(x), **common,
+        )
+        grid = lambda meta: (b * h, nseg)  # noqa: E731
+        bwd = functools.partial(_launch, _bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid)
+        if split and separate:
+            # Hydra mode in two launches: each direction has its own dB, dC (per head in fp32 when ngroups < nheads,
+            # the largest buffers of the backward); the first direction's are folded and freed before the second
+            # direction's are allocated, so at most two of the four exist at a time. A launch never touches the
+            # other direction's dB, dC: their arguments are placeholders.
+            bwd(args(dB, dC, dB, dC), {**kwargs, "DO_B": False, "ACC": False})
+            gB, gC = fold(dB, B), fold(dC, C)
+            del dB, dC
+            dBb, dCb = _alloc(gshape, gdt, dev), _alloc(gshape, gdt, dev)
+            bwd(args(dBb, dCb, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True})
+        elif split:
+            bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_B": False, "ACC": False})
+            bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True})
+        else:
+            bwd(args(dB, dC, dBb, dCb), {**kwargs, "ACC": False})
+        _bi_ssd_bwd_dt_kernel[(b * h,)](
+            dt, A, bias_arg, dtb, ddt, ddtb, scr, part, l, h, lo, hi, DO_F=do_f, DO_B=do_b, SEPARATE=separate,
+            HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=_compute_dtype(x), BLOCK_Q=PASS_C_ROWS,
+        )
+        if not (split and separate):
+            gB, gC = fold(dB, B), fold(dC, C)
 
         tot = part.sum(0)  # (h, 2)
         dA = tot[:, 0].to(A.dtype)
@@ -337,7 +354,7 @@ class _BiSSDFn(torch.autograd.Function):
         if has_d:
             tot_d = part_d.sum((0, 2))  # (h, p)
             dD = (tot_d if D.dim() == 2 else tot_d.sum(1)).to(D.dtype)
-        grads = [dx.to(x.dtype), ddt, dA, fold(dB, B), fold(dC, C), dD, ddt_bias]
+        grads = [dx.to(x.dtype), ddt, dA, gB, gC, dD, ddt_bias]
         if separate:
             grads += [ddtb, fold(dBb, B_bwd), fold(dCb, C_bwd)]
         else:
