@@ -44,7 +44,8 @@ def _kernel_times(fn, iters=5):
         n = 0
         for ev in prof.events():
             if ev.device_type == torch.autograd.DeviceType.CUDA:
-                acc[ev.name] += ev.device_time_total / 1e3 if hasattr(ev, "device_time_total") else ev.cuda_time_total / 1e3
+                us = ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+                acc[ev.name] += us / 1e3
                 n += 1
         per_iter.append((dict(acc), n))
     names = set().union(*(d for d, _ in per_iter))
@@ -65,8 +66,9 @@ def kernels(args):
         ("lm_b8_L8192_h32_p64_n128", 8, 8192, 32, 64, 128),
     ]
     pps_list = [float(v) for v in args.pps.split(",")]
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": __import__("triton").__version__,
-           "runs": []}
+    import triton
+
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__, "runs": []}
     for name, b, L, h, p, n in shapes:
         if args.shapes and name not in args.shapes.split(","):
             continue
@@ -80,11 +82,12 @@ def kernels(args):
         D = torch.ones(h, device=dev, requires_grad=True)
         bias = torch.zeros(h, device=dev, requires_grad=True)
         dy = torch.randn_like(x)
-        variants = [(d, pps, prec, cfg) for d in args.directions.split(",") for pps in pps_list
+        variants = [(d, pps, prec, cfg, split) for d in args.directions.split(",") for pps in pps_list
                     for prec in (args.prec.split(";") if args.prec else [None])
-                    for cfg in ([int(c) for c in args.bwd_cfgs.split(",")] if args.bwd_cfgs else [None])]
+                    for cfg in ([int(c) for c in args.bwd_cfgs.split(",")] if args.bwd_cfgs else [None])
+                    for split in ([bool(int(v)) for v in args.splits.split(",")] if args.splits else [None])]
         orig_prec = triton_op._dot_precisions
-        for direction, pps, prec, cfg in variants:
+        for direction, pps, prec, cfg, split in variants:
             triton_op._PROGRAMS_PER_SM = pps
             if prec:
                 triton_op._dot_precisions = lambda x, prec=prec: dict(zip(KEYS, prec.split(",")))
@@ -97,15 +100,16 @@ def kernels(args):
                 torch.autograd.grad(y, (x, dt, A, B, C, D, bias), dy)
 
             seg = triton_op.segment_rows(b, h, L, x.device)
-            with triton_op.force_config(bwd=cfg):
+            with triton_op.force_config(bwd=cfg, split=split):
                 times, launches = _kernel_times(step)
             total = sum(times.values())
             rec = {"shape": name, "direction": direction, "programs_per_sm": pps, "dot_prec": prec, "bwd_cfg": cfg,
-                   "seg_rows": seg, "nseg": -(-L // seg), "total_ms": round(total, 4), "launches": launches,
+                   "split": split, "seg_rows": seg, "nseg": -(-L // seg), "total_ms": round(total, 4),
+                   "launches": launches,
                    "kernels_ms": {k: round(v, 4) for k, v in times.items()}}
             out["runs"].append(rec)
             top = ", ".join(f"{k[:40]}={v:.3f}" for k, v in list(times.items())[:6])
-            print(f"{name} {direction} pps={pps} prec={prec} bwd={cfg} seg={seg}: total {total:.3f} ms, "
+            print(f"{name} {direction} pps={pps} prec={prec} bwd={cfg} split={split} seg={seg}: total {total:.3f} ms, "
                   f"{launches} launches; {top}", flush=True)
         triton_op._dot_precisions = orig_prec
         del x, dt, B, C, dy
@@ -159,11 +163,13 @@ def model(args):
         ours = {k: v for k, v in times.items() if "bi_ssd" in k}
         total = sum(times.values())
         rec = {"model": yaml, "precision": args.precision, "cuda_total_ms": round(total, 3), "launches": launches,
-               "bi_ssd_ms": round(sum(ours.values()), 3), "bi_ssd_kernels_ms": {k: round(v, 3) for k, v in ours.items()},
+               "bi_ssd_ms": round(sum(ours.values()), 3),
+               "bi_ssd_kernels_ms": {k: round(v, 3) for k, v in ours.items()},
                "top_kernels_ms": {k: round(v, 3) for k, v in list(times.items())[:25]},
                "op_calls": {str(k): v for k, v in calls.items()}}
         out["runs"].append(rec)
-        print(json.dumps({k: rec[k] for k in ("model", "cuda_total_ms", "launches", "bi_ssd_ms", "op_calls")}), flush=True)
+        print(json.dumps({k: rec[k] for k in ("model", "cuda_total_ms", "launches", "bi_ssd_ms", "op_calls")}),
+              flush=True)
         for k, v in list(times.items())[:25]:
             print(f"   {v:8.3f}  {k[:110]}")
         del m, opt
@@ -177,8 +183,11 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--pps", default="4", help="kernels: programs per SM values, comma separated")
     ap.add_argument("--directions", default="both,forward", help="kernels: directions, comma separated")
-    ap.add_argument("--prec", default="", help="kernels: backward dot precisions, ST,RD,MID,IN,LO;... (see triton_op._dot_precisions)")
+    ap.add_argument("--prec", default="",
+                    help="kernels: backward dot precisions, ST,RD,MID,IN,LO;... (see triton_op._dot_precisions)")
     ap.add_argument("--bwd-cfgs", default="", help="kernels: forced backward configs, comma separated")
+    ap.add_argument("--splits", default="",
+                    help="kernels: backward directions in two launches (1) or one (0), e.g. 1,0")
     ap.add_argument("--shapes", default="", help="kernels: shape names, comma separated (default all)")
     ap.add_argument("--models", default="yolov8n-bimamba.yaml,yolov8n.yaml")
     ap.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
