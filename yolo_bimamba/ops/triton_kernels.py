@@ -32,11 +32,12 @@ With shift=True the backward works in the unshifted frame: y_f[t] = z_f[t-1] and
 y_b[t] = z_b[t+1], so the output gradient of each direction is dy loaded at offset +1 / -1.
 
 Dot precision: the backward's per-position log-decay gradients (-> ddt, dA, d dt_bias) are differences of
-large, nearly equal sums, so the dots that feed them and the states use input_precision="tf32x3" (DOT_ST,
-fp32-accurate on tensor cores): plain tf32 gave 3e-2..1.6 relative error on dA / d dt_bias on an H200. Dots of
-two loaded inputs (C B^T) use DOT_IN: tf32 for 16-bit inputs (exact: a bf16/fp16 value is a tf32 value),
-tf32x3 for fp32. Dots that feed only dx, dB, dC use DOT_LO = tf32. fp64 uses "ieee" everywhere. The forward
-keeps Triton's default.
+large, nearly equal sums, so the dots that update or read a state need about fp32 accuracy; the others need only
+the accuracy of the outputs they feed. Each dot takes its precision from a constexpr (DOT_ST, DOT_RD, DOT_MID, DOT_IN,
+DOT_LO: see triton_op._dot_precisions for what each class feeds and the policy per input dtype) through :func:`_dot`,
+which adds bf16 and split-bf16 modes to tl.dot's input precisions. The forward keeps Triton's default (tf32; "ieee"
+for fp64): bf16 dots there gave a wrong y and an illegal memory access on an H200 (Triton 3.6) with the
+(BLOCK_Q 64, BLOCK_P 32, 4 warps) config, and they saved only 0.03 ms at b16 L1600 h8.
 
 Every exponent is a masked (masked before exp) difference of non-positive log-decay sums, so it
 is <= 0 (up to rounding) and no inf * 0 can appear. Rows >= L load dt = x = B = C = 0.
@@ -240,7 +241,7 @@ def _bi_ssd_fwd_kernel(
     P: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr,
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr,
     HAS_D: tl.constexpr, D_PER_P: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-    COMPUTE: tl.constexpr, DOT_F: tl.constexpr, DOT_FS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
+    COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
@@ -291,12 +292,12 @@ def _bi_ssd_fwd_kernel(
                 Cv = tl.load(C_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
                 rowd = cs
                 causal = tt >= ss
-            CB = _dot(Cv, tl.trans(Bv), DOT_F)
+            CB = tl.dot(Cv, tl.trans(Bv))
             decay = tl.exp(tl.where(causal, rowd[:, None] - cs[None, :], float("-inf")))
             W = CB * decay * dtv[None, :]
-            yv = _dot(W, xv, DOT_F) + tl.exp(rowd)[:, None] * _dot(Cv, S, DOT_F)
+            yv = tl.dot(W, xv) + tl.exp(rowd)[:, None] * tl.dot(Cv, S)
             wS = tl.exp(tail - a) * dtv
-            S = tl.exp(cs_last) * S + _dot(tl.trans(Bv * wS[:, None]), xv, DOT_FS)
+            S = tl.exp(cs_last) * S + tl.dot(tl.trans(Bv * wS[:, None]), xv)
             if not DO_B:
                 if HAS_D:
                     if D_PER_P:
@@ -326,13 +327,13 @@ def _bi_ssd_fwd_kernel(
                 Cv = tl.load(Cb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
                 rowd = csx
                 anti = ss >= tt
-            CB = _dot(Cv, tl.trans(Bv), DOT_F)
+            CB = tl.dot(Cv, tl.trans(Bv))
             decay = tl.exp(tl.where(anti, csx[None, :] - rowd[:, None], float("-inf")))
             W = CB * decay * dtv[None, :]
             # from row t to the chunk's end: steps t+1.. (shift: rowd = cs) or t.. (rowd = csx)
-            yv = _dot(W, xv, DOT_F) + tl.exp(tail - a if SHIFT else tail)[:, None] * _dot(Cv, Sb, DOT_F)
+            yv = tl.dot(W, xv) + tl.exp(tail - a if SHIFT else tail)[:, None] * tl.dot(Cv, Sb)
             wS = tl.exp(csx) * dtv
-            Sb = tl.exp(cs_last) * Sb + _dot(tl.trans(Bv * wS[:, None]), xv, DOT_FS)
+            Sb = tl.exp(cs_last) * Sb + tl.dot(tl.trans(Bv * wS[:, None]), xv)
             if HAS_D:
                 if D_PER_P:
                     yv += Dv[None, :] * xv

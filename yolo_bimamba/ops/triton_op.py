@@ -59,7 +59,7 @@ def _cpu_bench(fn, quantiles=None, reps=2):
 
 _BENCH = dict(do_bench=_cpu_bench) if _INTERPRET else {}
 _KEY = ["P", "N", "DO_F", "DO_B", "SHIFT", "HAS_D", "D_PER_P", "HAS_BIAS", "SOFTPLUS", "COMPUTE"]
-_fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=_KEY + ["DOT_F", "DOT_FS"], **_BENCH)(_bi_ssd_fwd_kernel)
+_fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=_KEY, **_BENCH)(_bi_ssd_fwd_kernel)
 # the backward adds to dx (and dB, dC) that an earlier launch wrote (ACC): the autotuner times each config on copies
 # restored after every timed call, so tuning never adds the same contribution twice
 _bwd_tuned = triton.autotune(
@@ -213,15 +213,6 @@ def _dot_precisions(x):
     return dict(DOT_ST="tf32x3", DOT_RD="tf32x3", DOT_MID="tf32", DOT_IN="tf32x3", DOT_LO="tf32")
 
 
-def _forward_dot_precisions(x):
-    """(DOT_F, DOT_FS) of the forward kernel: its dots, and its state updates. tf32 ("ieee" for fp64) whatever the
-    input dtype: bf16 dots in the forward kernel gave a wrong y and an illegal memory access on an H200 (Triton 3.6)
-    with the (BLOCK_Q 64, BLOCK_P 32, 4 warps) config, and they saved only 0.03 ms at b16 L1600 h8."""
-    if x.dtype == torch.float64:
-        return dict(DOT_F="ieee", DOT_FS="ieee")
-    return dict(DOT_F="tf32", DOT_FS="tf32")
-
-
 def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias):
     """(segment rows, number of segments, states at the segment boundaries).
 
@@ -238,8 +229,9 @@ def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias):
     if nseg == 1:
         return seg, 1, torch.zeros((b * h, nslot, 1, n, p), dtype=cdt, device=x.device)
     st = _alloc((b * h, nslot, nseg, n, p), cdt, x.device)
-    # the backward's state walks feed the log-decay gradients; the forward's are the forward kernel's state updates
-    prec = _dot_precisions(x)["DOT_ST"] if grad else _forward_dot_precisions(x)["DOT_FS"]
+    # the backward's state walks feed the log-decay gradients; the forward's dots keep Triton's default (tf32), as the
+    # forward kernel's do (see the triton_kernels docstring)
+    prec = _dot_precisions(x)["DOT_ST"] if grad or x.dtype == torch.float64 else "tf32"
     _launch(_bi_ssd_state_kernel, _state_tuned, STATE_CONFIGS, "state",
             lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"]), nslot),
             (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy if grad else x, st, l, h, g, seg, lo, hi),
@@ -265,7 +257,6 @@ class _BiSSDFn(torch.autograd.Function):
         kwargs = dict(
             P=p, N=n, BLOCK_N=_pow2(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_D=has_d,
             D_PER_P=has_d and D.dim() == 2, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=_compute_dtype(x),
-            **_forward_dot_precisions(x),
         )
         _launch(_bi_ssd_fwd_kernel, _fwd_tuned, FWD_CONFIGS, "fwd",
                 lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"]), nseg), args, kwargs)
