@@ -22,7 +22,7 @@ pytest.importorskip("triton")
 
 from yolo_bimamba.ops import bi_ssd  # noqa: E402
 from yolo_bimamba.ops import triton_op  # noqa: E402
-from yolo_bimamba.ops.triton_op import force_config  # noqa: E402
+from yolo_bimamba.ops.triton_op import BWD_CONFIGS, STATE_CONFIGS, force_config  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
@@ -137,6 +137,23 @@ def test_bf16_policy_under_emulated_bf16():
     assert policy["dA"] <= 5e-5 and policy["ddt_bias"] <= 2e-3, policy
     assert plain["dA"] > 300 * policy["dA"], (plain, policy)
 
+
+
+@pytest.mark.parametrize("bi", range(1, len(BWD_CONFIGS)))
+def test_bf16_policy_every_other_bwd_config(bi):
+    """The bf16 policy's dots (split and plain bf16) under every other backward config, with the state kernel's other
+    configs too: the test above runs the default configs only."""
+    inp, dy = _inputs()
+    ref = _grads(inp, dy, "torch", torch.float64)
+    original = triton_op._dot_precisions
+    try:
+        with emulate_tf32(), force_config(fwd=2, bwd=bi, state=bi % len(STATE_CONFIGS), seg=128):
+            triton_op._dot_precisions = lambda x: _BF16_POLICY
+            errs = _errors(_grads(inp, dy, "triton", torch.float32), ref)
+    finally:
+        triton_op._dot_precisions = original
+    bad = {k: v for k, v in errs.items() if not v <= 4e-3}
+    assert not bad and errs["dA"] <= 5e-5, errs
 
 def test_fp16_inputs_under_emulated_tensor_cores():
     """fp16 inputs (fp16 AMP) run their own policy (tf32 and tf32x3 dots): fp16 tensors run in the interpreter, so the
