@@ -2,10 +2,12 @@
 
     python benchmarks/profile_gpu.py kernels [--out FILE.json]   # torch.profiler over fwd+bwd at the benchmark shapes
     python benchmarks/profile_gpu.py model [--out FILE.json]     # yolov8{n,s}-bimamba step (needs Ultralytics)
+    python benchmarks/profile_gpu.py host [--host-shape b,L,h,p,n]  # host (Python) cost of one op call, cProfile
 
 ``kernels``: for each shape and each segmentation (programs per SM), the CUDA time of every kernel per fwd+bwd
 call, summed over its launches, and the total. ``model``: one training step of the detection model (640 px,
-batch 32, bf16 AMP) under the profiler: CUDA time of our kernels, of the rest, and the op's call shapes.
+batch 32, bf16 AMP) under the profiler: CUDA time of our kernels, of the rest, and the op's call shapes; the
+step's host time (until it returns) and wall time (to a sync), and the host self time of the top ops.
 Figures are medians of several profiled iterations; they are for finding the cost, the benchmark reports the
 targets.
 """
@@ -51,6 +53,36 @@ def _kernel_times(fn, iters=5):
     names = set().union(*(d for d, _ in per_iter))
     med = {k: statistics.median(d.get(k, 0.0) for d, _ in per_iter) for k in names}
     return dict(sorted(med.items(), key=lambda kv: -kv[1])), statistics.median(n for _, n in per_iter)
+
+
+def _host_and_wall(fn, iters=10):
+    """Median ms of fn's host part (until it returns, GPU idle at the start) and of its wall time (to a sync)."""
+    import time
+
+    host, wall = [], []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) * 1e3)
+        wall.append((t2 - t0) * 1e3)
+    return round(statistics.median(host), 3), round(statistics.median(wall), 3)
+
+
+def _cpu_self_times(fn, iters=3):
+    """{op name: host self time in ms per call} of fn under the profiler (CPU activity), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    rows = {e.key: e.self_cpu_time_total / 1e3 / iters for e in prof.key_averages()}
+    return {k: round(v, 3) for k, v in sorted(rows.items(), key=lambda kv: -kv[1])[:40]}
 
 
 def kernels(args):
@@ -160,26 +192,90 @@ def model(args):
         step()
         bm.bi_ssd = orig
         times, launches = _kernel_times(step, iters=3)
+        host, wall = _host_and_wall(step)
+        cpu_ops = _cpu_self_times(step)
         ours = {k: v for k, v in times.items() if "bi_ssd" in k}
         total = sum(times.values())
         rec = {"model": yaml, "precision": args.precision, "cuda_total_ms": round(total, 3), "launches": launches,
                "bi_ssd_ms": round(sum(ours.values()), 3),
                "bi_ssd_kernels_ms": {k: round(v, 3) for k, v in ours.items()},
                "top_kernels_ms": {k: round(v, 3) for k, v in list(times.items())[:25]},
-               "op_calls": {str(k): v for k, v in calls.items()}}
+               "op_calls": {str(k): v for k, v in calls.items()},
+               "host_ms_median": host, "wall_ms_median": wall, "top_cpu_self_ms": cpu_ops}
         out["runs"].append(rec)
-        print(json.dumps({k: rec[k] for k in ("model", "cuda_total_ms", "launches", "bi_ssd_ms", "op_calls")}),
+        print(json.dumps({k: rec[k] for k in ("model", "cuda_total_ms", "launches", "bi_ssd_ms", "op_calls",
+                                              "host_ms_median", "wall_ms_median")}),
               flush=True)
         for k, v in list(times.items())[:25]:
+            print(f"   {v:8.3f}  {k[:110]}")
+        print("   host (CPU) self time per step, top ops:")
+        for k, v in list(cpu_ops.items())[:25]:
             print(f"   {v:8.3f}  {k[:110]}")
         del m, opt
         torch.cuda.empty_cache()
     return out
 
 
+def host(args):
+    """Host (Python) cost of one fwd+bwd call of the op at a model-sized shape: the wall time per call when the GPU
+    keeps up, and cProfile's top functions (cumulative), to see what the launch path spends."""
+    import cProfile
+    import io
+    import pstats
+    import time
+
+    from bench_kernels import _enter_package_without_glue
+
+    _enter_package_without_glue()
+    from yolo_bimamba.ops import bi_ssd
+
+    b, L, h, p, n = (int(v) for v in args.host_shape.split(","))
+    dev = "cuda"
+    torch.manual_seed(0)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
+    x = torch.randn(b, L, h, p, device=dev, dtype=dtype, requires_grad=True)
+    dt = torch.randn(b, L, h, device=dev, dtype=dtype, requires_grad=True)
+    A = (-torch.rand(h, device=dev) - 0.5).requires_grad_()
+    B = torch.randn(b, L, 1, n, device=dev, dtype=dtype, requires_grad=True)
+    C = torch.randn(b, L, 1, n, device=dev, dtype=dtype, requires_grad=True)
+    D = torch.ones(h, device=dev, requires_grad=True)
+    bias = torch.zeros(h, device=dev, requires_grad=True)
+    dy = torch.randn_like(x)
+
+    def call():
+        y = bi_ssd(x, dt, A, B, C, D=D, dt_bias=bias, dt_softplus=True, backend="triton")
+        torch.autograd.grad(y, (x, dt, A, B, C, D, bias), dy)
+
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    gpu = sum(_kernel_times(call)[0].values())
+    reps = 200
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        call()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(50):
+        call()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(45)
+    rec = {"shape": [b, L, h, p, n], "precision": args.precision, "gpu_ms_per_call": round(gpu, 4),
+           "host_ms_per_call": round((t1 - t0) * 1e3 / reps, 4), "wall_ms_per_call": round((t2 - t0) * 1e3 / reps, 4),
+           "cprofile_top": buf.getvalue().splitlines()[:80]}
+    print(json.dumps({k: v for k, v in rec.items() if k != "cprofile_top"}), flush=True)
+    print("\n".join(rec["cprofile_top"]))
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": [rec]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["kernels", "model"])
+    ap.add_argument("what", choices=["kernels", "model", "host"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--pps", default="4", help="kernels: programs per SM values, comma separated")
     ap.add_argument("--directions", default="both,forward", help="kernels: directions, comma separated")
@@ -191,8 +287,9 @@ def main():
     ap.add_argument("--shapes", default="", help="kernels: shape names, comma separated (default all)")
     ap.add_argument("--models", default="yolov8n-bimamba.yaml,yolov8n.yaml")
     ap.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
+    ap.add_argument("--host-shape", default="32,400,4,64,64", help="host: b,L,h,p,n")
     args = ap.parse_args()
-    res = kernels(args) if args.what == "kernels" else model(args)
+    res = {"kernels": kernels, "model": model, "host": host}[args.what](args)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(res, indent=1))

@@ -433,6 +433,57 @@ def test_autotuned_launch_matches_reference(sep):
     assert len(calls) >= len(FWD_CONFIGS) + 2 * len(STATE_CONFIGS) + 2 * len(BWD_CONFIGS), len(calls)
 
 
+def test_tuned_config_is_reused_without_the_autotuner():
+    """After the autotuners chose, later calls with the same arguments launch the chosen config directly (the
+    Autotuner's host cost skipped), with the same results bit for bit; other dtypes or flags go back to the tuners."""
+    args, kw = make_inputs(b=2, l=2 * SEG_MULTIPLE + 5, h=2, g=1, p=16, n=16)
+    dy = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(3)).to(DEV)
+    tuners = (triton_op._fwd_tuned, triton_op._bwd_tuned, triton_op._state_tuned)
+    runs = []
+    origs = [t.run for t in tuners]
+    for t, orig in zip(tuners, origs):
+        t.run = lambda *a, _orig=orig, **k: (runs.append(1), _orig(*a, **k))[1]
+    launched = []
+    jits = {t: t.fn for t in tuners}
+    orig_getitem = type(triton_op._bi_ssd_fwd_kernel).__getitem__
+
+    def spy_getitem(self, grid):
+        launcher = orig_getitem(self, grid)
+
+        def launch(*a, **k):
+            launched.append((self, {key: k[key] for key in ("BLOCK_Q", "BLOCK_P", "num_warps") if key in k}))
+            return launcher(*a, **k)
+        return launch
+    try:
+        type(triton_op._bi_ssd_fwd_kernel).__getitem__ = spy_getitem
+        with triton_op.interpreter_autotune(), force_config(seg=SEG_MULTIPLE, split=True):
+            first = run_triton(args, kw, dy, poison=False)
+            n_tuned = len(runs)
+            assert n_tuned == 5  # state + fwd; state + two backward launches
+            assert len(triton_op._chosen) == 5
+            launched.clear()
+            second = run_triton(args, kw, dy, poison=False)
+            assert len(runs) == n_tuned, "the second call went through the autotuners again"
+            # the launches of the second call used the configs the tuners chose
+            expected = {(jits[t], tuple(sorted(t.cache[k].kwargs.items())), t.cache[k].num_warps)
+                        for t in tuners for k in t.cache}
+            cfg_keys = {jits[t]: set(t.configs[0].kwargs) for t in tuners}  # (BLOCK_P is an argument of the bwd)
+            got = {(fn, tuple(sorted((k, v) for k, v in meta.items() if k in cfg_keys[fn])), meta["num_warps"])
+                   for fn, meta in launched if fn in cfg_keys}
+            assert got and got <= expected, (got, expected)
+            # another dtype is another key: tuned again
+            args64 = tuple(a.double() for a in args)
+            kw64 = {k: v.double() if torch.is_tensor(v) else v for k, v in kw.items()}
+            run_triton(args64, kw64, dy.double(), poison=False)
+            assert len(runs) > n_tuned
+    finally:
+        type(triton_op._bi_ssd_fwd_kernel).__getitem__ = orig_getitem
+        for t in tuners:
+            t.__dict__.pop("run", None)
+    assert torch.equal(first[0], second[0])
+    assert all(torch.equal(first[1][k], second[1][k]) for k in first[1])
+
+
 def test_force_config_nests():
     """An inner force_config (run_triton's fwd/bwd) keeps the segments, state config and launch mode of the outer
     one, so the segment tests above really run the segments and state configs they name."""
@@ -515,3 +566,16 @@ def test_fast_decays_log_decay_gradients(case):
     loose = ("A", "dt_bias")
     bad = {k: v for k, v in errs.items() if not v <= (2e-3 if k in loose else 2e-4)}
     assert not bad, f"{case}: {bad} (all: {errs})"
+
+
+def test_one_segment_zero_states_are_shared_and_stay_zero():
+    """A one-segment call reads its boundary states from a zero buffer kept between calls (no fill launch per call):
+    no kernel may write into it, and a larger call grows it."""
+    triton_op._zeros.clear()
+    for l, h in ((SEG_MULTIPLE - 3, 2), (SEG_MULTIPLE, 3)):
+        args, kw = make_inputs(b=2, l=l, h=h, g=1, p=16, n=16)
+        with force_config(seg=SEG_MULTIPLE):
+            check_case(args, kw)
+        bufs = list(triton_op._zeros.values())
+        assert len(bufs) == 1 and bufs[0].numel() >= 2 * h * 4 * 16 * 16
+        assert bool((bufs[0] == 0).all()), "a kernel wrote into the shared zero states"

@@ -81,6 +81,7 @@ def interpreter_autotune():
     _TUNE_IN_INTERPRETER = True
     for tuned in (_fwd_tuned, _bwd_tuned, _state_tuned):
         tuned.cache.clear()
+    _chosen.clear()
     try:
         yield
     finally:
@@ -163,6 +164,15 @@ def _compute_dtype(x):
     return tl.float64 if x.dtype == torch.float64 else tl.float32
 
 
+# the config each autotuner chose, by (kernel, keyword arguments, dtypes of the arguments): a finer key than the
+# autotuner's own (its key names are among the keyword arguments; it adds every argument's dtype), so a later call
+# launches the config the autotuner would pick, without going through triton's Autotuner.run, which cost about 0.08 ms
+# of host time per launch on the H200 machine, a sixth of the op's host time at a detection model's shape
+# (benchmarks/results/profile/host-*.json); the op is host-bound there
+_chosen: dict = {}
+_CHOSEN_MAX = 4096
+
+
 def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs):
     idx = _forced[which]
     if idx is None and ((_INTERPRET and not _TUNE_IN_INTERPRETER) or not _AUTOTUNE):
@@ -170,9 +180,16 @@ def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs):
         # on the CPU); without autotuning, the config that was fastest on an H200 at the detection shapes
         idx = DEFAULT_CONFIGS[which]
     if idx is None:
-        tuned_fn[grid_fn](*args, **kwargs)
-        return
-    cfg = configs[idx]
+        key = (which, tuple(kwargs.items()), tuple(getattr(a, "dtype", None) for a in args))
+        cfg = _chosen.get(key)
+        if cfg is None:
+            tuned_fn[grid_fn](*args, **kwargs)
+            if len(_chosen) >= _CHOSEN_MAX:
+                _chosen.clear()
+            _chosen[key] = tuned_fn.best_config
+            return
+    else:
+        cfg = configs[idx]
     meta = dict(cfg.kwargs)
     grid = grid_fn(meta)
     jit_fn[grid](*args, **kwargs, **meta, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -213,6 +230,22 @@ def _dot_precisions(x):
     return dict(DOT_ST="tf32x3", DOT_RD="tf32x3", DOT_MID="tf32", DOT_IN="tf32x3", DOT_LO="tf32")
 
 
+_zeros: dict = {}
+
+
+def _zero_states(shape, dtype, device):
+    """Zero boundary states of a one-segment call, which the kernels only read: a view of a zero buffer kept per
+    (device, dtype) and grown when needed, instead of a fresh torch.zeros (a fill launch) on every call."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    buf = _zeros.get((device, dtype))
+    if buf is None or buf.numel() < numel:
+        buf = torch.zeros(numel, dtype=dtype, device=device)
+        _zeros[(device, dtype)] = buf
+    return buf[:numel].view(shape)
+
+
 def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias):
     """(segment rows, number of segments, states at the segment boundaries).
 
@@ -227,7 +260,7 @@ def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias):
     nseg = triton.cdiv(l, seg)
     nslot = 4 if grad else 2
     if nseg == 1:
-        return seg, 1, torch.zeros((b * h, nslot, 1, n, p), dtype=cdt, device=x.device)
+        return seg, 1, _zero_states((b * h, nslot, 1, n, p), cdt, x.device)
     st = _alloc((b * h, nslot, nseg, n, p), cdt, x.device)
     # the backward's state walks feed the log-decay gradients; the forward's dots keep Triton's default (tf32), as the
     # forward kernel's do (see the triton_kernels docstring)
