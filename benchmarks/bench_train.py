@@ -14,6 +14,7 @@ Writes benchmarks/results/train-<gpu>.json (or --out) and prints a markdown tabl
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -221,6 +222,22 @@ def loop_bench(yaml: str, data: Path, workdir: Path, n_train: int, epochs: int, 
     return {"loop_epoch_s": later, "loop_images_per_s": round(n_train / statistics.median(later), 1)}
 
 
+def loop_rounds(models, n_rounds, bench) -> dict:
+    """bench(yaml) for every model in ``n_rounds`` rounds of alternating order (drift of the host, which bounds the
+    loop, spreads evenly over the models): per model the epoch times of every round, each round's images/s and
+    their median."""
+    rounds = {yaml: [] for yaml in models}
+    for r in range(n_rounds):
+        for yaml in (models if r % 2 == 0 else models[::-1]):
+            res = bench(yaml)
+            rounds[yaml].append(res)
+            print(yaml, f"round {r}", res, flush=True)
+    return {yaml: dict(loop_epoch_s=[t for res in rs for t in res["loop_epoch_s"]],
+                       loop_images_per_s_rounds=[res["loop_images_per_s"] for res in rs],
+                       loop_images_per_s=statistics.median(res["loop_images_per_s"] for res in rs))
+            for yaml, rs in rounds.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=MODELS)
@@ -233,6 +250,8 @@ def main():
     ap.add_argument("--loop", action="store_true", help="also time the real `yolo train` loop")
     ap.add_argument("--loop-images", type=int, default=1024)
     ap.add_argument("--loop-epochs", type=int, default=3)
+    ap.add_argument("--loop-rounds", type=int, default=1,
+                    help="loop: rounds over the models, in alternating order; the median round is reported")
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--onnx", action="store_true", help="also export ONNX and time CPU inference")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
@@ -271,9 +290,10 @@ def main():
             print(yaml, info[yaml], flush=True)
     if args.loop:
         data = make_synthetic_dataset(work / "synthetic", args.loop_images, args.imgsz)
-        for yaml in args.models:
-            info[yaml].update(loop_bench(yaml, data, work, args.loop_images, args.loop_epochs, args.batch, args.imgsz, args.workers))
-            print(yaml, info[yaml], flush=True)
+        loop = functools.partial(loop_bench, data=data, workdir=work, n_train=args.loop_images, epochs=args.loop_epochs,
+                                 bs=args.batch, imgsz=args.imgsz, workers=args.workers)
+        for yaml, res in loop_rounds(args.models, args.loop_rounds, loop).items():
+            info[yaml].update(res)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = gpu.replace(" ", "-")

@@ -16,6 +16,7 @@ from yolo_bimamba.ops import bi_ssd, bi_ssd_reference  # noqa: E402
 from yolo_bimamba.ops import triton_op  # noqa: E402
 from yolo_bimamba.ops.triton_op import BWD_CONFIGS, FWD_CONFIGS, STATE_CONFIGS, bi_ssd_triton, force_config  # noqa: E402
 from yolo_bimamba.ops.triton_kernels import SEG_MULTIPLE  # noqa: E402
+from stress_recipes import STRESS  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 if DEV == "cpu" and not triton_op._INTERPRET:
@@ -531,24 +532,20 @@ def test_hydra_backward_per_head_buffers(split):
 
 
 def _stress_inputs(case, b=1, l=1200, h=8, p=16, n=16, seed=6):
-    """The GPU suite's stress inputs (bf16-representable values), at a CPU-sized width."""
+    """The GPU suite's stress inputs (tests/stress_recipes.py), at a CPU-sized width."""
     import math
 
+    recipe = STRESS[case]
     gen = torch.Generator().manual_seed(seed)
 
     def rnd(*shape):
         return torch.randn(*shape, generator=gen).to(torch.bfloat16).float()
 
-    def uniform(lo, hi, shape):
-        return (torch.rand(shape, generator=gen) * (hi - lo) + lo).to(torch.bfloat16).float()
-
     dt0 = torch.exp(torch.rand(h, generator=gen) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
     x, B, C = rnd(b, l, h, p), rnd(b, l, 1, n), rnd(b, l, 1, n)
-    kw = dict(D=rnd(h), dt_bias=dt0 + torch.log(-torch.expm1(-dt0)))
-    if case == "softplus-input-10":
-        dt, A, kw["dt_softplus"] = uniform(-10.0, 10.0, (b, l, h)), -torch.exp(torch.rand(h, generator=gen) * math.log(16.0)), True
-    else:  # "A-zero-and-huge": decays of exp(-1e4) next to none at all
-        dt, A = uniform(1e-3, 100.0, (b, l, h)), torch.tensor([-1e-12, -100.0, -1e-12, -1e-4, -100.0, -1.0, -1e-12, -50.0])
+    kw = dict(D=rnd(h), dt_bias=dt0 + torch.log(-torch.expm1(-dt0)), dt_softplus=recipe.get("dt_softplus", True))
+    dt = recipe["dt_raw"](gen, (b, l, h))
+    A = recipe["A"][:h] if "A" in recipe else -torch.exp(torch.rand(h, generator=gen) * math.log(16.0))
     return [x, dt, A, B, C], kw, rnd(b, l, h, p)
 
 

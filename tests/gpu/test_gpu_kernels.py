@@ -25,11 +25,16 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from yolo_bimamba.ops import bi_ssd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the stress recipes shared with the CPU tests
+from stress_recipes import STRESS  # noqa: E402
 
 DEVICE = os.environ.get("BI_SSD_GPU_DEVICE", "cuda")
 BACKEND = os.environ.get("BI_SSD_GPU_BACKEND", "triton")
@@ -382,20 +387,6 @@ def test_every_config_hydra(label, forcer, dtype):
 
 # stress inputs ------------------------------------------------------------------------------
 
-def _uniform(lo, hi):
-    return lambda gen, shape: (torch.rand(shape, generator=gen) * (hi - lo) + lo).to(torch.bfloat16).float()
-
-
-STRESS = {
-    # softplus input up to +10: dt_raw + dt_bias spans about [-10, +10]
-    "softplus-input-10": dict(dt_raw=_uniform(-10.0, 10.0)),
-    # dt up to 1e2 (no softplus) with A down to -1e2
-    "dt-1e2-A-1e2": dict(dt_raw=_uniform(1e-3, 100.0), dt_softplus=False, A=-torch.logspace(-2, 2, 8)),
-    # decays of exp(-1e4) next to none at all (A ~ 0 in some heads; exact 0 is a clamp boundary,
-    # tested on its own in test_clamp_boundary_gradients)
-    "A-zero-and-huge": dict(dt_raw=_uniform(1e-3, 100.0), dt_softplus=False,
-                            A=torch.tensor([-1e-12, -100.0, -1e-12, -1e-4, -100.0, -1.0, -1e-12, -50.0])),
-}
 STRESS_SHAPE = _shape(4, 1200, 8, 64, 64)
 
 
