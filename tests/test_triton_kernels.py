@@ -576,3 +576,14 @@ def test_one_segment_zero_states_are_shared_and_stay_zero():
         bufs = list(triton_op._zeros.values())
         assert len(bufs) == 1 and bufs[0].numel() >= 2 * h * 4 * 16 * 16
         assert bool((bufs[0] == 0).all()), "a kernel wrote into the shared zero states"
+
+
+def test_large_one_segment_states_are_not_kept(monkeypatch):
+    """Above the size limit the zero states are a fresh buffer per call: nothing large stays pinned."""
+    triton_op._zeros.clear()
+    # just below this call's states (b * h = 4 programs, 2 slots in the forward and 4 in the backward, n = p = 16, fp32)
+    monkeypatch.setattr(triton_op, "_ZEROS_MAX_BYTES", 4 * 2 * 16 * 16 * 4 - 1)
+    args, kw = make_inputs(b=2, l=SEG_MULTIPLE - 3, h=2, g=1, p=16, n=16)
+    with force_config(seg=SEG_MULTIPLE):
+        check_case(args, kw)
+    assert not triton_op._zeros

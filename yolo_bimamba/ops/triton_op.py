@@ -231,14 +231,21 @@ def _dot_precisions(x):
 
 
 _zeros: dict = {}
+# the kept zero buffer is for the small, host-bound calls of detection models (4 MB at yolov8n-bimamba-p5's b32 L400
+# h8 p32 n32); larger one-segment calls are GPU-bound, where a fill per call costs little, and memory they would pin
+# for good matters more
+_ZEROS_MAX_BYTES = 16 << 20
 
 
 def _zero_states(shape, dtype, device):
     """Zero boundary states of a one-segment call, which the kernels only read: a view of a zero buffer kept per
-    (device, dtype) and grown when needed, instead of a fresh torch.zeros (a fill launch) on every call."""
+    (device, dtype) and grown when needed (up to _ZEROS_MAX_BYTES), instead of a fresh torch.zeros (a fill launch)
+    on every call."""
     numel = 1
     for s in shape:
         numel *= s
+    if numel * torch.empty((), dtype=dtype).element_size() > _ZEROS_MAX_BYTES:
+        return torch.zeros(shape, dtype=dtype, device=device)
     buf = _zeros.get((device, dtype))
     if buf is None or buf.numel() < numel:
         buf = torch.zeros(numel, dtype=dtype, device=device)
