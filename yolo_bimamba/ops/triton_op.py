@@ -184,9 +184,11 @@ def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs):
         cfg = _chosen.get(key)
         if cfg is None:
             tuned_fn[grid_fn](*args, **kwargs)
-            if len(_chosen) >= _CHOSEN_MAX:
-                _chosen.clear()
-            _chosen[key] = tuned_fn.best_config
+            best = getattr(tuned_fn, "best_config", None)  # absent where Autotuner.run is replaced (sm_90 recorder)
+            if best is not None:
+                if len(_chosen) >= _CHOSEN_MAX:
+                    _chosen.clear()
+                _chosen[key] = best
             return
     else:
         cfg = configs[idx]
