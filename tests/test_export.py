@@ -55,12 +55,12 @@ np.save(sys.argv[5], y)
 """
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+@pytest.fixture(scope="module", params=["yolov8n-bimamba.yaml", "yolov8n-bimamba-p5.yaml"])  # p5: train.py's default
+def checkpoint(tmp_path_factory, request):
     from ultralytics import YOLO
 
     tmp = tmp_path_factory.mktemp("export")
-    det = YOLO("yolov8n-bimamba.yaml").model
+    det = YOLO(request.param).model
     det.train()
     with torch.no_grad():  # non-trivial BN statistics, so that BN folding at export is exercised
         for _ in range(2):
