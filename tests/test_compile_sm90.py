@@ -45,7 +45,7 @@ TIMEOUT_S = 600
 #
 # Tier 1 ("cubin": all the way through ptxas, fp32 and bf16): the problem families that set the
 # tile sizes and shared memory (headdim x d_state 64x64 = detection, 64x128 = LM, 128x128 = the
-# largest supported), in the default bidirectional mode; at 64x64 also with the backward's two directions in
+# largest supported for fp32 and 16-bit inputs), in the default bidirectional mode; at 64x64 also with the backward's two directions in
 # one launch (force_config(split=False)) instead of two.
 # Tier 2 ("ptx": front end, layouts and shared-memory allocation, no ptxas; one dtype each, to
 # keep this test within its CI budget): the other code paths of the same kernels (Hydra shift with
@@ -64,6 +64,9 @@ def _variants():
         ("p64n64-both-one-launch", 64, 64, 1, 8, dict(both, split=False), ("fp32", "bf16"), t1),
         ("p64n128-both", 64, 128, 1, 8, both, ("fp32", "bf16"), t1),
         ("p128n128-both", 128, 128, 1, 4, both, ("fp32", "bf16"), t1),
+        # 256 fits only for 16-bit inputs, with the other size at most 64 (validate.triton_dims_supported)
+        ("p64n256-both", 64, 256, 1, 8, both, ("bf16",), t2),
+        ("p256n64-both", 256, 64, 1, 4, both, ("bf16",), t2),
         ("p64n64-hydra", 64, 64, 1, 8, hydra, ("bf16",), t2),
         ("p64n64-shift-shared-g2", 64, 64, 2, 8, hydra_shared, ("fp32",), t2),
         ("p64n64-forward-g2", 64, 64, 2, 8, fwd, ("bf16",), t2),

@@ -587,3 +587,44 @@ def test_large_one_segment_states_are_not_kept(monkeypatch):
     with force_config(seg=SEG_MULTIPLE):
         check_case(args, kw)
     assert not triton_op._zeros
+
+
+def test_sizes_beyond_the_kernels_are_refused_before_launch():
+    """headdim / d_state the kernels cannot hold in shared memory (measured for sm_90, see
+    validate.triton_dims_supported): backend="triton" raises a ValueError naming both sizes, before any launch;
+    backend="auto" falls back to the PyTorch op there."""
+    from yolo_bimamba.ops.bi_ssd import auto_picks_triton
+    from yolo_bimamba.ops.validate import triton_dims_supported
+
+    assert triton_dims_supported(128, 128, torch.float32) and triton_dims_supported(100, 33, torch.float32)
+    assert triton_dims_supported(64, 256, torch.bfloat16) and triton_dims_supported(256, 48, torch.bfloat16)
+    assert not triton_dims_supported(64, 256, torch.float32)
+    assert not triton_dims_supported(128, 256, torch.bfloat16) and not triton_dims_supported(256, 129, torch.bfloat16)
+    assert not triton_dims_supported(64, 257, torch.bfloat16) and not triton_dims_supported(256, 256, torch.bfloat16)
+    assert triton_dims_supported(256, 64, torch.float16) and not triton_dims_supported(128, 256, torch.float16)
+    assert triton_dims_supported(64, 128, torch.float64) and not triton_dims_supported(128, 128, torch.float64)
+    assert auto_picks_triton(64, 64, torch.bfloat16) and not auto_picks_triton(256, 256, torch.bfloat16)
+
+    launches = []
+    orig = triton_op._launch
+    triton_op._launch = lambda *a, **k: launches.append(a)
+    try:
+        for p, n, dtype in ((256, 256, torch.bfloat16), (64, 256, torch.float32), (200, 130, torch.bfloat16),
+                            (128, 128, torch.float64)):
+            args, kw = make_inputs(l=5, p=p, n=n, dtype=dtype, guard=False)
+            with pytest.raises(ValueError, match=rf"headdim \(x.shape\[3\]\) and d_state.*got headdim {p}, d_state {n}"):
+                bi_ssd(*args, **kw, backend="triton")
+            y = bi_ssd(*args, **kw, backend="auto")  # CPU tensors: the PyTorch op, at any size
+            assert torch.isfinite(y).all()
+    finally:
+        triton_op._launch = orig
+    assert not launches
+
+
+@pytest.mark.parametrize("p,n", [(64, 256), (256, 48)])
+def test_kernels_at_256_tiles(monkeypatch, p, n):
+    """headdim or d_state of 256 (tiles of 256, taken for bf16 inputs on the GPU): the kernels' arithmetic at those
+    tile sizes, in fp32 under the interpreter (which cannot run bf16), against float64; L not a multiple of a chunk."""
+    monkeypatch.setattr(triton_op, "validate_bi_ssd", lambda *a, **k: None)  # fp32 is refused at 256 on the GPU
+    args, kw = make_inputs(l=SEG_MULTIPLE + 7, h=2, p=p, n=n, seed=p + n)
+    check_case(args, kw, 0, 0)

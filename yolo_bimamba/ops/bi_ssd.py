@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .chunked import bi_ssd_torch
-from .validate import validate_bi_ssd
+from .validate import triton_dims_supported, validate_bi_ssd
 
 
 def _triton_available() -> bool:
@@ -13,6 +13,13 @@ def _triton_available() -> bool:
     except Exception:  # noqa: BLE001 - no triton, or it failed to import
         return False
     return True
+
+
+def auto_picks_triton(headdim: int, dstate: int, dtype: torch.dtype) -> bool:
+    """backend="auto" on CUDA tensors: the Triton kernels unless tracing or exporting, Triton is missing, or the
+    sizes are beyond what the kernels take (then the PyTorch op, which takes any size)."""
+    return (not torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export() and _triton_available()
+            and triton_dims_supported(headdim, dstate, dtype))
 
 
 def bi_ssd(
@@ -50,15 +57,15 @@ def bi_ssd(
       and the backward direction may have its own ``dt_bwd``, ``B_bwd``, ``C_bwd``.
 
     ``backend``: "torch" (chunked PyTorch, any device, exportable), "triton" (fused kernels),
-    or "auto" (Triton on CUDA tensors when available, PyTorch otherwise).
+    or "auto" (Triton on CUDA tensors when available and the sizes fit the kernels, see
+    validate.triton_dims_supported; PyTorch otherwise).
     """
-    validate_bi_ssd(
+    shape = validate_bi_ssd(
         x, dt, A, B, C, chunk_size=chunk_size, D=D, dt_bias=dt_bias, dt_limit=dt_limit,
         direction=direction, shift=shift, dt_bwd=dt_bwd, B_bwd=B_bwd, C_bwd=C_bwd, backend=backend,
     )
     use_triton = backend == "triton" or (
-        backend == "auto" and x.is_cuda and not torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export()
-        and _triton_available()
+        backend == "auto" and x.is_cuda and auto_picks_triton(shape.headdim, shape.dstate, x.dtype)
     )
     kwargs = dict(
         chunk_size=chunk_size, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,

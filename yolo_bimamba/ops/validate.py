@@ -38,6 +38,25 @@ def _check_float(name: str, t) -> None:
         )
 
 
+def _tile(v: int) -> int:
+    return max(16, 1 << (int(v) - 1).bit_length())
+
+
+def triton_dims_supported(headdim: int, dstate: int, dtype: torch.dtype) -> bool:
+    """Whether the Triton kernels take this headdim and d_state for inputs of this dtype. They tile both in powers of
+    two (at least 16), and the backward holds whole d_state x headdim tiles in shared memory, of which a Hopper block
+    has 227 KB. Measured with triton.compile for sm_90 (tests/test_compile_sm90.py), the backward needs:
+    16-bit inputs 139-164 KB at 64 x 256 and 256 x 64, 254-295 KB at 128 x 256 and 256 x 128, 475 KB at 256 x 256;
+    fp32 246 KB at 64 x 256 (128 x 128 fits); fp64 131-172 KB at 64 x 128 and 128 x 64, 270 KB at 128 x 128."""
+    big, small = max(_tile(headdim), _tile(dstate)), min(_tile(headdim), _tile(dstate))
+    size = torch.empty((), dtype=dtype).element_size()
+    if size <= 2:
+        return big <= 128 or (big <= 256 and small <= 64)
+    if size == 4:
+        return big <= 128
+    return big <= 128 and small <= 64
+
+
 def validate_bi_ssd(
     x, dt, A, B, C, *, chunk_size, D, dt_bias, dt_limit, direction, shift, dt_bwd, B_bwd, C_bwd, backend
 ) -> SSDShape:
@@ -106,6 +125,12 @@ def validate_bi_ssd(
         raise ValueError(f"bi_ssd: argument 'dt_limit' must be a pair (min, max), got {dt_limit!r}") from exc
     if not (lo >= 0.0 and hi >= lo) or math.isnan(hi):
         raise ValueError(f"bi_ssd: argument 'dt_limit' must satisfy 0 <= min <= max, got {dt_limit!r}")
+    if backend == "triton" and not triton_dims_supported(p, n, x.dtype):
+        raise ValueError(
+            f"bi_ssd: backend='triton' takes headdim (x.shape[3]) and d_state (B.shape[3]) up to 128 each (16-bit "
+            f"inputs also 256 with the other at most 64; float64 128 with the other at most 64), got headdim {p}, "
+            f"d_state {n} with {x.dtype} inputs; use backend='torch' ('auto' falls back to it)"
+        )
     dev = x.device
     for name, t in (("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("dt_bias", dt_bias), *bwd.items()):
         if t is not None and t.device != dev:
