@@ -14,6 +14,7 @@ targets.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -28,7 +29,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-KEYS = ("DOT_ST", "DOT_RD", "DOT_MID", "DOT_IN", "DOT_LO")
 
 
 def _kernel_times(fn, iters=5):
@@ -85,11 +85,33 @@ def _cpu_self_times(fn, iters=3):
     return {k: round(v, 3) for k, v in sorted(rows.items(), key=lambda kv: -kv[1])[:40]}
 
 
+def _op_inputs(b, L, h, p, n, dtype):
+    """Inputs of one fwd+bwd call on the GPU (ngroups 1) and a function that runs it: call(**bi_ssd keywords)."""
+    from yolo_bimamba.ops import bi_ssd
+
+    torch.manual_seed(0)
+    dev = "cuda"
+    x = torch.randn(b, L, h, p, device=dev, dtype=dtype, requires_grad=True)
+    dt = (torch.rand(b, L, h, device=dev) - 3.0).to(dtype).requires_grad_()
+    A = (-torch.rand(h, device=dev) * 2 - 0.5).requires_grad_()
+    B = torch.randn(b, L, 1, n, device=dev, dtype=dtype, requires_grad=True)
+    C = torch.randn(b, L, 1, n, device=dev, dtype=dtype, requires_grad=True)
+    D = torch.ones(h, device=dev, requires_grad=True)
+    bias = torch.zeros(h, device=dev, requires_grad=True)
+    dy = torch.randn_like(x)
+
+    def call(**kw):
+        y = bi_ssd(x, dt, A, B, C, D=D, dt_bias=bias, dt_softplus=True, backend="triton", **kw)
+        torch.autograd.grad(y, (x, dt, A, B, C, D, bias), dy)
+
+    return x, call
+
+
 def kernels(args):
     from bench_kernels import _enter_package_without_glue
 
     _enter_package_without_glue()
-    from yolo_bimamba.ops import bi_ssd, triton_op
+    from yolo_bimamba.ops import triton_op
 
     shapes = [  # (name, b, L, h, p, n)
         ("b16_L1600_h8_p64_n64", 16, 1600, 8, 64, 64),
@@ -104,16 +126,7 @@ def kernels(args):
     for name, b, L, h, p, n in shapes:
         if args.shapes and name not in args.shapes.split(","):
             continue
-        torch.manual_seed(0)
-        dev = "cuda"
-        x = torch.randn(b, L, h, p, device=dev, dtype=torch.bfloat16, requires_grad=True)
-        dt = (torch.rand(b, L, h, device=dev) - 3.0).to(torch.bfloat16).requires_grad_()
-        A = (-torch.rand(h, device=dev) * 2 - 0.5).requires_grad_()
-        B = torch.randn(b, L, 1, n, device=dev, dtype=torch.bfloat16, requires_grad=True)
-        C = torch.randn(b, L, 1, n, device=dev, dtype=torch.bfloat16, requires_grad=True)
-        D = torch.ones(h, device=dev, requires_grad=True)
-        bias = torch.zeros(h, device=dev, requires_grad=True)
-        dy = torch.randn_like(x)
+        x, call = _op_inputs(b, L, h, p, n, torch.bfloat16)
         variants = [(d, pps, prec, cfg, split) for d in args.directions.split(",") for pps in pps_list
                     for prec in (args.prec.split(";") if args.prec else [None])
                     for cfg in ([int(c) for c in args.bwd_cfgs.split(",")] if args.bwd_cfgs else [None])
@@ -122,15 +135,11 @@ def kernels(args):
         for direction, pps, prec, cfg, split in variants:
             triton_op._PROGRAMS_PER_SM = pps
             if prec:
-                triton_op._dot_precisions = lambda x, prec=prec: dict(zip(KEYS, prec.split(",")))
+                triton_op._dot_precisions = lambda x, prec=prec: dict(zip(triton_op.DOT_CLASSES, prec.split(",")))
             else:
                 triton_op._dot_precisions = orig_prec
 
-            def step():
-                y = bi_ssd(x, dt, A, B, C, D=D, dt_bias=bias, dt_softplus=True, direction=direction,
-                           backend="triton")
-                torch.autograd.grad(y, (x, dt, A, B, C, D, bias), dy)
-
+            step = functools.partial(call, direction=direction)
             seg = triton_op.segment_rows(b, h, L, x.device)
             with triton_op.force_config(bwd=cfg, split=split):
                 times, launches = _kernel_times(step)
@@ -144,7 +153,7 @@ def kernels(args):
             print(f"{name} {direction} pps={pps} prec={prec} bwd={cfg} split={split} seg={seg}: total {total:.3f} ms, "
                   f"{launches} launches; {top}", flush=True)
         triton_op._dot_precisions = orig_prec
-        del x, dt, B, C, dy
+        del x, call
         torch.cuda.empty_cache()
     triton_op._PROGRAMS_PER_SM = 4.0
     return out
@@ -227,24 +236,9 @@ def host(args):
     from bench_kernels import _enter_package_without_glue
 
     _enter_package_without_glue()
-    from yolo_bimamba.ops import bi_ssd
-
     b, L, h, p, n = (int(v) for v in args.host_shape.split(","))
-    dev = "cuda"
-    torch.manual_seed(0)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
-    x = torch.randn(b, L, h, p, device=dev, dtype=dtype, requires_grad=True)
-    dt = torch.randn(b, L, h, device=dev, dtype=dtype, requires_grad=True)
-    A = (-torch.rand(h, device=dev) - 0.5).requires_grad_()
-    B = torch.randn(b, L, 1, n, device=dev, dtype=dtype, requires_grad=True)
-    C = torch.randn(b, L, 1, n, device=dev, dtype=dtype, requires_grad=True)
-    D = torch.ones(h, device=dev, requires_grad=True)
-    bias = torch.zeros(h, device=dev, requires_grad=True)
-    dy = torch.randn_like(x)
-
-    def call():
-        y = bi_ssd(x, dt, A, B, C, D=D, dt_bias=bias, dt_softplus=True, backend="triton")
-        torch.autograd.grad(y, (x, dt, A, B, C, D, bias), dy)
+    _, call = _op_inputs(b, L, h, p, n, dtype)
 
     for _ in range(5):
         call()

@@ -75,7 +75,7 @@ def test_backward_precision_policy_meets_the_fp32_bar_under_emulated_tf32():
     with emulate_tf32(), force_config(fwd=2, bwd=0, state=2):
         policy = _errors(_grads(inp, dy, "triton", torch.float32), ref)
         original = triton_op._dot_precisions
-        triton_op._dot_precisions = lambda x: dict.fromkeys(("DOT_ST", "DOT_RD", "DOT_MID", "DOT_IN", "DOT_LO"), "tf32")
+        triton_op._dot_precisions = lambda x: dict.fromkeys(triton_op.DOT_CLASSES, "tf32")
         try:
             all_tf32 = _errors(_grads(inp, dy, "triton", torch.float32), ref)
         finally:
@@ -138,7 +138,6 @@ def test_bf16_policy_under_emulated_bf16():
     assert plain["dA"] > 300 * policy["dA"], (plain, policy)
 
 
-
 @pytest.mark.parametrize("bi", range(1, len(BWD_CONFIGS)))
 def test_bf16_policy_every_other_bwd_config(bi):
     """The bf16 policy's dots (split and plain bf16) under every other backward config, with the state kernel's other
@@ -154,6 +153,7 @@ def test_bf16_policy_every_other_bwd_config(bi):
         triton_op._dot_precisions = original
     bad = {k: v for k, v in errs.items() if not v <= 4e-3}
     assert not bad and errs["dA"] <= 5e-5, errs
+
 
 def test_fp16_inputs_under_emulated_tensor_cores():
     """fp16 inputs (fp16 AMP) run their own policy (tf32 and tf32x3 dots): fp16 tensors run in the interpreter, so the

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 
 import torch
@@ -21,7 +22,7 @@ from .triton_kernels import (
     BWD_CONFIGS, FWD_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS, _bi_ssd_bwd_dt_kernel, _bi_ssd_bwd_kernel,
     _bi_ssd_fwd_kernel, _bi_ssd_state_kernel, prune_bwd_configs,
 )
-from .validate import validate_bi_ssd
+from .validate import kernel_tile, validate_bi_ssd
 
 __all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE_CONFIGS"]
 
@@ -58,12 +59,14 @@ def _cpu_bench(fn, quantiles=None, reps=2):
 
 
 _BENCH = dict(do_bench=_cpu_bench) if _INTERPRET else {}
+# the backward's dot classes, each a keyword argument of the kernels naming an input precision (_dot_precisions)
+DOT_CLASSES = ("DOT_ST", "DOT_RD", "DOT_MID", "DOT_IN", "DOT_LO")
 _KEY = ["P", "N", "DO_F", "DO_B", "SHIFT", "HAS_D", "D_PER_P", "HAS_BIAS", "SOFTPLUS", "COMPUTE"]
 _fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=_KEY, **_BENCH)(_bi_ssd_fwd_kernel)
 # the backward adds to dx (and dB, dC) that an earlier launch wrote (ACC): the autotuner times each config on copies
 # restored after every timed call, so tuning never adds the same contribution twice
 _bwd_tuned = triton.autotune(
-    configs=BWD_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD", "ACC", "DOT_ST", "DOT_RD", "DOT_MID", "DOT_IN", "DOT_LO"],
+    configs=BWD_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD", "ACC", *DOT_CLASSES],
     prune_configs_by={"early_config_prune": prune_bwd_configs}, restore_value=["dx_ptr", "dB_ptr", "dC_ptr"], **_BENCH,
 )(_bi_ssd_bwd_kernel)
 _state_tuned = triton.autotune(
@@ -141,9 +144,7 @@ _guarded: list = []
 
 def _alloc(shape, dtype, device):
     if _POISON:
-        numel = 1
-        for s in shape:
-            numel *= s
+        numel = math.prod(shape)
         buf = torch.full((numel + 2 * _GUARD,), float("nan"), dtype=dtype, device=device)
         _guarded.append((buf, numel))
         return buf[_GUARD:_GUARD + numel].view(shape)
@@ -203,10 +204,6 @@ def _acc_dtype(dtype):
     return torch.float32 if dtype == torch.float16 else dtype
 
 
-def _pow2(v):
-    return max(16, triton.next_power_of_2(v))
-
-
 def _dot_precisions(x):
     """Input precisions of the backward's dots (keyword arguments of the kernels), by what each dot feeds:
 
@@ -222,7 +219,7 @@ def _dot_precisions(x):
     an H200 at L = 65536 with fast decays (0.35 relative error), and plain tf32 (2^-11) 70 times under emulation
     (tests/test_tf32_precision.py). The rest runs in bf16, whose rounding is that of the 16-bit outputs."""
     if x.dtype == torch.float64:
-        return dict.fromkeys(("DOT_ST", "DOT_RD", "DOT_MID", "DOT_IN", "DOT_LO"), "ieee")
+        return dict.fromkeys(DOT_CLASSES, "ieee")
     if x.dtype == torch.bfloat16:
         return dict(DOT_ST="bf16x3a", DOT_RD="bf16x3b", DOT_MID="bf16", DOT_IN="bf16", DOT_LO="bf16")
     if x.dtype == torch.float16:
@@ -243,10 +240,8 @@ def _zero_states(shape, dtype, device):
     """Zero boundary states of a one-segment call, which the kernels only read: a view of a zero buffer kept per
     (device, dtype) and grown when needed (up to _ZEROS_MAX_BYTES), instead of a fresh torch.zeros (a fill launch)
     on every call."""
-    numel = 1
-    for s in shape:
-        numel *= s
-    if numel * torch.empty((), dtype=dtype).element_size() > _ZEROS_MAX_BYTES:
+    numel = math.prod(shape)
+    if numel * dtype.itemsize > _ZEROS_MAX_BYTES:
         return torch.zeros(shape, dtype=dtype, device=device)
     buf = _zeros.get((device, dtype))
     if buf is None or buf.numel() < numel:
@@ -277,7 +272,7 @@ def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias):
     _launch(_bi_ssd_state_kernel, _state_tuned, STATE_CONFIGS, "state",
             lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"]), nslot),
             (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy if grad else x, st, l, h, g, seg, lo, hi),
-            dict(P=p, N=n, BLOCK_N=_pow2(n), GRAD=grad, DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias,
+            dict(P=p, N=n, BLOCK_N=kernel_tile(n), GRAD=grad, DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias,
                  SOFTPLUS=dt_softplus, COMPUTE=_compute_dtype(x), DOT_ST=prec))
     return seg, nseg, st
 
@@ -297,7 +292,7 @@ class _BiSSDFn(torch.autograd.Function):
         seg, nseg, st = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, None, opts, has_bias)
         args = (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, y, st, l, h, g, seg, lo, hi)
         kwargs = dict(
-            P=p, N=n, BLOCK_N=_pow2(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_D=has_d,
+            P=p, N=n, BLOCK_N=kernel_tile(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_D=has_d,
             D_PER_P=has_d and D.dim() == 2, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=_compute_dtype(x),
         )
         _launch(_bi_ssd_fwd_kernel, _fwd_tuned, FWD_CONFIGS, "fwd",
@@ -352,7 +347,7 @@ class _BiSSDFn(torch.autograd.Function):
             return t.to(like.dtype)
 
         kwargs = dict(
-            P=p, N=n, BLOCK_P=_pow2(p), BLOCK_N=_pow2(n), SEPARATE=separate, HAS_D=has_d,
+            P=p, N=n, BLOCK_P=kernel_tile(p), BLOCK_N=kernel_tile(n), SEPARATE=separate, HAS_D=has_d,
             D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head,
             **_dot_precisions(x), **common,
         )

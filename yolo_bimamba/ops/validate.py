@@ -38,7 +38,8 @@ def _check_float(name: str, t) -> None:
         )
 
 
-def _tile(v: int) -> int:
+def kernel_tile(v: int) -> int:
+    """The Triton kernels' tile for a headdim or d_state of v: the next power of two, at least 16 (tl.dot's minimum)."""
     return max(16, 1 << (int(v) - 1).bit_length())
 
 
@@ -48,8 +49,8 @@ def triton_dims_supported(headdim: int, dstate: int, dtype: torch.dtype) -> bool
     has 227 KB. Measured with triton.compile for sm_90 (tests/test_compile_sm90.py), the backward needs:
     16-bit inputs 139-164 KB at 64 x 256 and 256 x 64, 254-295 KB at 128 x 256 and 256 x 128, 475 KB at 256 x 256;
     fp32 246 KB at 64 x 256 (128 x 128 fits); fp64 131-172 KB at 64 x 128 and 128 x 64, 270 KB at 128 x 128."""
-    big, small = max(_tile(headdim), _tile(dstate)), min(_tile(headdim), _tile(dstate))
-    size = torch.empty((), dtype=dtype).element_size()
+    big, small = max(kernel_tile(headdim), kernel_tile(dstate)), min(kernel_tile(headdim), kernel_tile(dstate))
+    size = dtype.itemsize
     if size <= 2:
         return big <= 128 or (big <= 256 and small <= 64)
     if size == 4:
