@@ -621,10 +621,17 @@ def test_sizes_beyond_the_kernels_are_refused_before_launch():
     assert not launches
 
 
+@pytest.mark.parametrize("fi", range(len(FWD_CONFIGS)))
 @pytest.mark.parametrize("p,n", [(64, 256), (256, 48)])
-def test_kernels_at_256_tiles(monkeypatch, p, n):
-    """headdim or d_state of 256 (tiles of 256, taken for bf16 inputs on the GPU): the kernels' arithmetic at those
-    tile sizes, in fp32 under the interpreter (which cannot run bf16), against float64; L not a multiple of a chunk."""
+def test_kernels_at_256_tiles(monkeypatch, p, n, fi):
+    """headdim or d_state of 256 (tiles of 256, taken for 16-bit inputs on the GPU): the kernels' arithmetic at those
+    tile sizes, in fp32 under the interpreter (which cannot run bf16), against float64; L not a multiple of a chunk and
+    two segments. Every forward and state config, and every backward config that is not pruned at these sizes."""
+    from yolo_bimamba.ops.triton_kernels import bwd_config_fits
+
     monkeypatch.setattr(triton_op, "validate_bi_ssd", lambda *a, **k: None)  # fp32 is refused at 256 on the GPU
+    fitting = [i for i, c in enumerate(BWD_CONFIGS) if bwd_config_fits(c, p, n)]
+    assert len(fitting) >= 2
     args, kw = make_inputs(l=SEG_MULTIPLE + 7, h=2, p=p, n=n, seed=p + n)
-    check_case(args, kw, 0, 0)
+    with force_config(state=fi, seg=SEG_MULTIPLE):
+        check_case(args, kw, fi, fitting[fi % len(fitting)])
