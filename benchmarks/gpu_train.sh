@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_train.sh install            # pip-install the wheels and this package, as a user would
 #   GPU=1 EPOCHS=15 bash benchmarks/gpu_train.sh runs  # yolov8n-bimamba fp32 / bf16 / fp16 AMP (RUNS_N=0: skip them)
 #                                                     # + RUNS_EXTRA="NAME:MODEL:AMP ..."; PACK_TAG names the tgz
+#   PAR="NAME:MODEL:AMP:GPU[:k=v,k=v] ..." bash benchmarks/gpu_train.sh matrix  # all those runs at once, one tgz
 #   bash benchmarks/gpu_train.sh ddp                # 2-GPU DDP: the stock `yolo` CLI and train.py
 #   bash benchmarks/gpu_train.sh bench              # benchmarks/bench_train.py (BENCH_ARGS, default --onnx)
 # Results go to $OUT (default ./gpu-out): train-<mode>.tgz (results.csv, curves, args; no weights) and logs.
@@ -24,12 +25,12 @@ train() {  # train NAME ARGS... : one train.py run, log kept next to its results
   local name=$1; shift
   echo "=== $name: $*"
   local t0=$(date +%s)
-  python3 "$REPO/train.py" project="$RUNS" name="$name" exist_ok=True epochs="$EP" imgsz=160 batch="${BATCH:-16}" workers=8 \
-    "$@" > "$RUNS/$name.log" 2>&1
+  python3 "$REPO/train.py" project="$RUNS" name="$name" exist_ok=True epochs="$EP" imgsz=160 batch="${BATCH:-16}" \
+    workers="${WORKERS:-8}" "$@" > "$RUNS/$name.log" 2>&1
   local rc=$?
   echo "=== $name: exit $rc in $(( $(date +%s) - t0 )) s; $(grep -E 'mAP50 first' "$RUNS/$name.log" | tail -1)"
-  grep -E "nan_guard|guard/skipped" "$RUNS/$name.log" | tail -3
-  cp "$RUNS/$name.log" "$OUT/" 2>/dev/null
+  grep -E "nan_guard: " "$RUNS/$name.log" | tail -3
+  [ "${COPY_LOGS:-1}" = 0 ] || cp "$RUNS/$name.log" "$OUT/" 2>/dev/null  # matrix: the logs travel in the tgz
 }
 
 # what comes back from the GPU machine: per run results.csv, args.yaml, results.png and the log (a whole run folder
@@ -58,6 +59,14 @@ case $MODE in
       train "$name" model="$model" amp="$amp"
     done
     pack "runs-gpu${GPU:-0}${PACK_TAG:-}" ;;
+  matrix)  # every PAR run at the same time (GPU picks the card), then one tgz; RUN_TIMEOUT caps each run
+    export COPY_LOGS=0  # the device tool returns at most 8 files
+    for spec in ${PAR:?PAR=\"NAME:MODEL:AMP:GPU[:k=v,...] ...\"}; do
+      IFS=: read -r name model amp gpu extra <<< "$spec"
+      (export CUDA_VISIBLE_DEVICES=$gpu; train "$name" model="$model" amp="$amp" ${extra//,/ }) &
+    done
+    wait
+    pack "matrix${PACK_TAG:-}" ;;
   ddp)  # both runs at once, each on both GPUs (Ultralytics picks a free port per run)
     echo "=== DDP: stock yolo CLI and train.py, device=0,1"
     (cd /tmp && yolo train model=yolov8n-bimamba.yaml data=digits.yaml device=0,1 epochs="${DDP_EPOCHS:-2}" imgsz=160 \
