@@ -111,3 +111,21 @@ def test_bad_forward_input():
         BiMambaLayer2D(16)(torch.randn(2, 15, 4, 4))
     with pytest.raises(ValueError, match="scan"):
         BiMambaLayer2D(16, scan="diag")
+
+
+def test_cuda_graph_replay_is_off_the_cuda_training_path():
+    """cuda_graph.run only replays for CUDA tensors in training with gradients on (its GPU tests compare the replay
+    with the eager layer): on the CPU, in eval and under no_grad, the layer is its eager forward, bit for bit, and
+    nothing is captured."""
+    from yolo_bimamba.nn import cuda_graph
+
+    torch.manual_seed(0)
+    layer = BiMambaLayer2D(32)
+    x = torch.randn(2, 32, 5, 7, requires_grad=True)
+    for mode in ("train", "eval"):
+        getattr(layer, mode)()
+        for grad in (True, False):
+            with torch.set_grad_enabled(grad):
+                assert torch.equal(layer(x), layer._forward(x))
+    assert cuda_graph.graphed_shapes(layer) == []
+    assert not cuda_graph._usable(layer.train(), x, tuple(layer.parameters()))

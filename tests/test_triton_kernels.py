@@ -569,6 +569,7 @@ def test_one_segment_zero_states_are_shared_and_stay_zero():
     """A one-segment call reads its boundary states from a zero buffer kept between calls (no fill launch per call):
     no kernel may write into it, and a larger call grows it."""
     triton_op._zeros.clear()
+    triton_op._zeros_retired.clear()
     for l, h in ((SEG_MULTIPLE - 3, 2), (SEG_MULTIPLE, 3)):
         args, kw = make_inputs(b=2, l=l, h=h, g=1, p=16, n=16)
         with force_config(seg=SEG_MULTIPLE):
@@ -576,6 +577,11 @@ def test_one_segment_zero_states_are_shared_and_stay_zero():
         bufs = list(triton_op._zeros.values())
         assert len(bufs) == 1 and bufs[0].numel() >= 2 * h * 4 * 16 * 16
         assert bool((bufs[0] == 0).all()), "a kernel wrote into the shared zero states"
+    # buffers that were grown out of (forward -> backward, then h = 3) stay allocated (a captured CUDA graph may still
+    # read them) and zero; the size doubles at least, so together they are smaller than the live buffer
+    retired = triton_op._zeros_retired
+    assert len(retired) == 2 and all(bool((r == 0).all()) for r in retired)
+    assert sum(r.numel() for r in retired) <= bufs[0].numel()
 
 
 def test_large_one_segment_states_are_not_kept(monkeypatch):

@@ -6,6 +6,7 @@ from timm.layers import DropPath, Mlp
 from torch import nn
 from ultralytics.nn.modules import Conv
 
+from . import cuda_graph
 from .bimamba2 import BiMamba2
 
 SCAN_ORDERS = ("row", "rowcol")
@@ -51,6 +52,9 @@ class BiMambaLayer2D(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or x.shape[1] != self.dim:
             raise ValueError(f"{type(self).__name__}: input must have shape (N, {self.dim}, H, W), got {tuple(x.shape)}")
+        return cuda_graph.run(self, self._forward, x)  # CUDA training: graph replays (cuda_graph), else eager
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, h, w = x.shape
         t = x.flatten(2).transpose(1, 2)  # (N, H*W, C), row-major
         t = t + self.drop_path(self._mix(self.norm(t), h, w))

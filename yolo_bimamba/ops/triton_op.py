@@ -230,6 +230,7 @@ def _dot_precisions(x):
 
 
 _zeros: dict = {}
+_zeros_retired: list = []  # grown-out buffers: at most a few, all below 2 x _ZEROS_MAX_BYTES together
 # the kept zero buffer is for the small, host-bound calls of detection models (4 MB at yolov8n-bimamba-p5's b32 L400
 # h8 p32 n32); larger one-segment calls are GPU-bound, where a fill per call costs little, and memory they would pin
 # for good matters more
@@ -238,14 +239,17 @@ _ZEROS_MAX_BYTES = 16 << 20
 
 def _zero_states(shape, dtype, device):
     """Zero boundary states of a one-segment call, which the kernels only read: a view of a zero buffer kept per
-    (device, dtype) and grown when needed (up to _ZEROS_MAX_BYTES), instead of a fresh torch.zeros (a fill launch)
-    on every call."""
+    (device, dtype) and grown when needed (doubling, up to _ZEROS_MAX_BYTES), instead of a fresh torch.zeros (a fill
+    launch) on every call. A buffer that was grown out of stays allocated: a CUDA graph captured earlier reads it."""
     numel = math.prod(shape)
-    if numel * dtype.itemsize > _ZEROS_MAX_BYTES:
-        return torch.zeros(shape, dtype=dtype, device=device)
+    if numel * dtype.itemsize > _ZEROS_MAX_BYTES or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return torch.zeros(shape, dtype=dtype, device=device)  # in a CUDA-graph capture: zeroed by every replay
     buf = _zeros.get((device, dtype))
     if buf is None or buf.numel() < numel:
-        buf = torch.zeros(numel, dtype=dtype, device=device)
+        if buf is not None:  # a captured graph (nn.cuda_graph) may read it: kept alive, never reused for other data
+            _zeros_retired.append(buf)
+        size = min(max(numel, 2 * (buf.numel() if buf is not None else 0)), _ZEROS_MAX_BYTES // dtype.itemsize)
+        buf = torch.zeros(size, dtype=dtype, device=device)
         _zeros[(device, dtype)] = buf
     return buf[:numel].view(shape)
 

@@ -1,0 +1,116 @@
+"""GPU tests of the CUDA-graph replay of BiMamba layers in training (yolo_bimamba.nn.cuda_graph).
+
+    python -m pytest -m gpu tests/gpu/test_cuda_graph.py -v    # needs CUDA, torch, triton and ultralytics
+
+Every test trains the same block twice from the same weights and inputs, once eagerly (YOLO_BIMAMBA_CUDA_GRAPHS=0)
+and once with graph replays, and compares the outputs and the gradients that reach .grad, over several optimizer
+steps with gradient accumulation (the case where a replay's static gradient buffer must not end up in .grad).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytest.importorskip("ultralytics", reason="the blocks use Ultralytics' Conv: install the .whl wheels first")
+
+from yolo_bimamba.nn import C2fBiMamba, C2fHydra, cuda_graph  # noqa: E402
+from yolo_bimamba.nn.blocks import BiMambaLayer2D  # noqa: E402
+
+AMP = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+TOL = {"fp32": 1e-4, "bf16": 2e-3, "fp16": 2e-3}  # after optimizer steps: atomics in ddt/dA move the weights by ulps
+
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def train(block, xs, amp, graphs, monkeypatch, accumulate=2, twice=False):
+    """Steps of SGD on mean(out^2), stepping every ``accumulate`` batches: outputs, .grad before each step, the
+    input gradients (xs require grad), and the layers' graphed shapes."""
+    monkeypatch.setenv("YOLO_BIMAMBA_CUDA_GRAPHS", "1" if graphs else "0")
+    opt = torch.optim.SGD(block.parameters(), lr=0.05)
+    outs, grads = [], []
+    for i, x in enumerate(xs):
+        with torch.autocast("cuda", dtype=AMP[amp] or torch.float32, enabled=AMP[amp] is not None):
+            y = block(x)
+            if twice:  # the same layers again before the backward: the second call must run eagerly
+                y = y + block(x.flip(-1))
+        (y.float() ** 2).mean().backward()
+        outs.append(y.detach().clone())
+        if (i + 1) % accumulate == 0:
+            grads.append([p.grad.clone() for p in block.parameters()])
+            opt.step()
+            opt.zero_grad()
+    layers = [m for m in block.modules() if isinstance(m, BiMambaLayer2D)]
+    return outs, grads, [x.grad.clone() for x in xs], [cuda_graph.graphed_shapes(m) for m in layers]
+
+
+def inputs(n, shape, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(*shape, device="cuda", generator=g).requires_grad_() for _ in range(n)]
+
+
+def compare(block_cls, amp, monkeypatch, shapes=((4, 64, 12, 10),), twice=False, **kw):
+    torch.manual_seed(0)
+    block = block_cls(64, 64, n=2, **kw).cuda().train()
+    ref = copy.deepcopy(block)
+    xs = [x for i, s in enumerate(shapes) for x in inputs(4, s, seed=i)]
+    xs_ref = [x.detach().clone().requires_grad_() for x in xs]
+    out, grads, dxs, graphed = train(block, xs, amp, True, monkeypatch, twice=twice)
+    out_r, grads_r, dxs_r, graphed_r = train(ref, xs_ref, amp, False, monkeypatch, twice=twice)
+    assert all(not s for s in graphed_r), "eager run captured graphs"
+    assert all(len(s) == len(shapes) for s in graphed), f"expected one graph per input shape, got {graphed}"
+    tol = TOL[amp]
+    for i, (a, b) in enumerate(zip(out, out_r)):
+        assert torch.isfinite(a).all() and rel(a, b) <= tol, f"output {i}: {rel(a, b)}"
+    for i, (a, b) in enumerate(zip(dxs, dxs_r)):
+        assert rel(a, b) <= tol, f"input gradient {i}: {rel(a, b)}"
+    names = [n for n, _ in block.named_parameters()]
+    for s, (gs, gs_r) in enumerate(zip(grads, grads_r)):
+        for name, a, b in zip(names, gs, gs_r):
+            assert torch.isfinite(a).all() and rel(a, b) <= tol, f"step {s} {name}: {rel(a, b)}"
+
+
+@pytest.mark.parametrize("amp", list(AMP))
+def test_replay_matches_eager_training(amp, monkeypatch):
+    compare(C2fBiMamba, amp, monkeypatch)
+
+
+def test_replay_matches_eager_hydra_rowcol_and_two_shapes(monkeypatch):
+    compare(C2fHydra, "bf16", monkeypatch, shapes=((4, 64, 12, 10), (3, 64, 7, 9)), scan="rowcol")
+
+
+def test_second_call_before_backward_runs_eagerly(monkeypatch):
+    compare(C2fBiMamba, "fp32", monkeypatch, twice=True)
+
+
+def test_hooks_frozen_parameters_and_eval_stay_eager(monkeypatch):
+    monkeypatch.setenv("YOLO_BIMAMBA_CUDA_GRAPHS", "1")
+    x = torch.randn(2, 32, 6, 6, device="cuda", requires_grad=True)
+    hooked = BiMambaLayer2D(32).cuda().train()
+    hooked.mixer.register_forward_hook(lambda m, i, o: None)
+    hooked(x).sum().backward()
+    frozen = BiMambaLayer2D(32).cuda().train()
+    frozen.norm.weight.requires_grad_(False)
+    frozen(x).sum().backward()
+    evaluated = BiMambaLayer2D(32).cuda().eval()
+    evaluated(x).sum().backward()
+    graphed = BiMambaLayer2D(32).cuda().train()
+    graphed(x).sum().backward()
+    assert [cuda_graph.graphed_shapes(m) for m in (hooked, frozen, evaluated, graphed)] == [[], [], [], [(2, 32, 6, 6)]]
+
+
+def test_more_shapes_than_kept_run_eagerly(monkeypatch):
+    monkeypatch.setenv("YOLO_BIMAMBA_CUDA_GRAPHS", "1")
+    layer = BiMambaLayer2D(32).cuda().train()
+    ref = copy.deepcopy(layer)
+    for w in range(3, 4 + cuda_graph.MAX_SHAPES):
+        x = torch.randn(2, 32, 5, w, device="cuda")
+        y = layer(x)
+        monkeypatch.setenv("YOLO_BIMAMBA_CUDA_GRAPHS", "0")
+        assert rel(y, ref(x)) <= 1e-6
+        monkeypatch.setenv("YOLO_BIMAMBA_CUDA_GRAPHS", "1")
+    assert len(cuda_graph.graphed_shapes(layer)) == cuda_graph.MAX_SHAPES

@@ -1,0 +1,158 @@
+"""CUDA-graph replay of a layer's forward and backward in training.
+
+A detection model's training step is host-bound on a fast GPU: one BiMamba layer launches about 70 kernels (forward
+and backward), each costing Python and launch time on the host while the GPU waits. In training the layer's input
+shape is fixed from step to step, so :func:`run` captures the layer's forward and its backward once per input shape
+(``torch.cuda.CUDAGraph``) and then replays the two graphs: two launches instead of about seventy.
+
+What a replay computes is what the eager layer computes: the same kernels on the same buffers (the parameters are
+read in place, so optimizer updates are seen). Each call copies its input into the graph's input buffer and returns
+copies of the output and the gradients, so nothing the caller keeps (``.grad`` accumulation over several steps, the
+output) aliases a buffer that the next replay overwrites.
+
+The eager layer is used instead whenever a replay could differ from it or could not be captured:
+- not CUDA, not training, gradients off, or inside another capture, ``torch.jit`` or ``torch.compile``;
+- any module hook on the layer or global module hook (they may run host code, e.g. ``nan_debug``'s checks);
+- a parameter that does not require a gradient (frozen layers);
+- the previous replay of the same graph still waits for its backward (the layer called twice in one step): a second
+  replay would overwrite the activations that backward reads;
+- more than ``MAX_SHAPES`` input shapes seen (multi-scale training), or a capture that failed (the layer then stays
+  eager, with one warning).
+``YOLO_BIMAMBA_CUDA_GRAPHS=0`` turns replay off everywhere.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+
+import torch
+from torch import nn
+
+__all__ = ["run", "enabled", "graphed_shapes", "MAX_SHAPES"]
+
+MAX_SHAPES = 4  # input shapes per layer kept as graphs (training uses one or two: full batches and the last one)
+WARMUP = 2  # eager fwd+bwd runs before a capture: the Triton kernels compile and autotune there, not in the capture
+
+_LOG = logging.getLogger("yolo_bimamba")
+_graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> {key: _Graphs}, or None (stay eager)
+
+
+def enabled() -> bool:
+    return os.environ.get("YOLO_BIMAMBA_CUDA_GRAPHS", "1") != "0"
+
+
+def graphed_shapes(layer: nn.Module) -> list:
+    """Input shapes the layer has graphs for (for tests and logs)."""
+    return [k[0] for k in (_graphs.get(layer) or {})]
+
+
+def _hooked(layer: nn.Module) -> bool:
+    from torch.nn.modules import module as m
+
+    if m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks \
+            or getattr(m, "_global_backward_pre_hooks", None):
+        return True
+    return any(s._forward_hooks or s._forward_pre_hooks or s._backward_hooks or getattr(s, "_backward_pre_hooks", None)
+               for s in layer.modules())
+
+
+def _usable(layer: nn.Module, x: torch.Tensor, params) -> bool:
+    if not (enabled() and x.is_cuda and layer.training and torch.is_grad_enabled()):
+        return False
+    if torch.jit.is_scripting() or torch.jit.is_tracing() or torch.cuda.is_current_stream_capturing():
+        return False
+    if hasattr(torch, "compiler") and torch.compiler.is_compiling():
+        return False
+    if not params or not all(p.requires_grad and p.device == x.device for p in params):
+        return False
+    return not _hooked(layer)
+
+
+class _Token:  # lives as long as the autograd node of one replay
+    pass
+
+
+class _Graphs:
+    def __init__(self, forward, x, params):
+        dev = x.device
+        self.params = params
+        self.x = x.detach().clone().requires_grad_(x.requires_grad)
+        inputs = ([self.x] if x.requires_grad else []) + list(params)
+        self.x_has_grad = x.requires_grad
+        amp = dict(device_type="cuda", enabled=torch.is_autocast_enabled("cuda"),
+                   dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)  # casts inside the graph, not cached
+        side = torch.cuda.Stream(device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side), torch.autocast(**amp):
+            for _ in range(WARMUP):
+                out = forward(self.x)
+                torch.autograd.grad(out, inputs, torch.zeros_like(out), allow_unused=True)
+            del out
+        torch.cuda.synchronize(dev)
+        pool = torch.cuda.graph_pool_handle()
+        self.fwd, self.bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.autocast(**amp):
+            with torch.cuda.graph(self.fwd, pool=pool, stream=side):
+                self.out = forward(self.x)
+            self.gout = torch.empty_like(self.out)
+            with torch.cuda.graph(self.bwd, pool=pool, stream=side):
+                grads = torch.autograd.grad(self.out, inputs, self.gout, allow_unused=True)
+        self.used = [gr is not None for gr in grads]  # an input the output does not depend on gets None
+        self.grads = [gr for gr in grads if gr is not None]
+        torch.cuda.synchronize(dev)
+        self.live = None  # weakref to the _Token of the replay whose backward is still to come
+
+    def pending(self) -> bool:
+        return self.live is not None and self.live() is not None
+
+
+class _Replay(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, g: _Graphs, x, *params):
+        if g.x.data_ptr() != x.data_ptr():
+            g.x.copy_(x)
+        g.fwd.replay()
+        ctx.g, ctx.token = g, _Token()
+        g.live = weakref.ref(ctx.token)
+        return g.out.clone()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gout):
+        g = ctx.g
+        g.gout.copy_(gout)
+        g.bwd.replay()
+        g.live = None
+        copies = iter(torch._foreach_mul(g.grads, 1.0))  # one fused launch per dtype; .grad may keep them
+        grads = [next(copies) if used else None for used in g.used]
+        dx = grads.pop(0) if g.x_has_grad else None
+        return (None, dx, *grads)
+
+
+def run(layer: nn.Module, forward, x: torch.Tensor) -> torch.Tensor:
+    """``forward(x)`` of ``layer``, as a graph replay where that is safe (module docstring), else eagerly."""
+    params = tuple(layer.parameters())
+    if not _usable(layer, x, params):
+        return forward(x)
+    table = _graphs.get(layer, {})
+    if table is None:
+        return forward(x)
+    key = (tuple(x.shape), x.stride(), x.dtype, x.requires_grad, torch.is_autocast_enabled("cuda"),
+           torch.get_autocast_dtype("cuda"), tuple((p.data_ptr(), p.dtype) for p in params))
+    g = table.get(key)
+    if g is None:
+        if len(table) >= MAX_SHAPES:
+            return forward(x)
+        try:
+            g = _Graphs(forward, x, params)
+        except Exception as e:  # noqa: BLE001 - any capture failure leaves this layer eager, it must not stop training
+            _graphs[layer] = None
+            _LOG.warning(f"yolo_bimamba: CUDA-graph capture of {type(layer).__name__} failed ({type(e).__name__}: {e});"
+                         " this layer runs eagerly")
+            return forward(x)
+        table[key] = g
+        _graphs[layer] = table
+    if g.pending():
+        return forward(x)
+    return _Replay.apply(g, x, *params)
