@@ -9,11 +9,15 @@ Measures, for yolov8n/s, yolov8n/s-bimamba and yolov8n/s-bimamba-p5 at imgsz 640
   3. params, GFLOPs and ONNX CPU latency per image (onnxruntime) - with --onnx.
 Writes benchmarks/results/train-<gpu>.json (or --out) and prints a markdown table.
 
-    python benchmarks/bench_train.py [--loop] [--onnx] [--out DIR]
+    python benchmarks/bench_train.py [--loop] [--onnx] [--out DIR] [--cuda-graphs on|off|both]
+
+The BiMamba layers replay CUDA graphs in training (yolo_bimamba.nn.cuda_graph, on by default as users run them);
+--cuda-graphs both measures every BiMamba model with and without them, side by side in one run.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -58,6 +62,29 @@ def make_batch(bs: int, imgsz: int, device, nc: int = 80, boxes_per_img: int = 8
         "cls": torch.randint(0, nc, (n, 1), generator=g).float().to(device),
         "bboxes": torch.cat([xy, wh], 1).to(device),
     }
+
+
+GRAPHS = {"on": ("1",), "off": ("0",), "both": ("1", "0")}
+
+
+def runs_of(yaml: str, graphs: str) -> tuple:
+    """Values of YOLO_BIMAMBA_CUDA_GRAPHS to measure a model with (a plain YOLO model has no BiMamba layer: one run,
+    the environment as it is)."""
+    return GRAPHS[graphs] if "bimamba" in yaml or "hydra" in yaml else (None,)
+
+
+@contextlib.contextmanager
+def graphs_env(value):
+    old = os.environ.get("YOLO_BIMAMBA_CUDA_GRAPHS")
+    if value is not None:
+        os.environ["YOLO_BIMAMBA_CUDA_GRAPHS"] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("YOLO_BIMAMBA_CUDA_GRAPHS", None)
+        else:
+            os.environ["YOLO_BIMAMBA_CUDA_GRAPHS"] = old
 
 
 def model_step_bench(yaml: str, precision: str, backend: str, bs: int, imgsz: int, steps: int, warmup: int) -> dict:
@@ -201,8 +228,11 @@ def make_synthetic_dataset(root: Path, n_train: int, imgsz: int) -> Path:
     return yaml
 
 
-def loop_bench(yaml: str, data: Path, workdir: Path, n_train: int, epochs: int, bs: int, imgsz: int, workers: int) -> dict:
-    """Runs the stock trainer in a subprocess and reads per-epoch wall times from its log."""
+def loop_bench(run: tuple, data: Path, workdir: Path, n_train: int, epochs: int, bs: int, imgsz: int, workers: int) -> dict:
+    """Runs the stock trainer in a subprocess and reads per-epoch wall times from its log. run: (model yaml, value of
+    YOLO_BIMAMBA_CUDA_GRAPHS or None to leave it as it is)."""
+    yaml, graphs = run
+    env = dict(os.environ, **({"YOLO_BIMAMBA_CUDA_GRAPHS": graphs} if graphs is not None else {}))
     code = (
         "import time, yolo_bimamba; from ultralytics import YOLO\n"
         "from ultralytics.utils import callbacks\n"
@@ -213,7 +243,7 @@ def loop_bench(yaml: str, data: Path, workdir: Path, n_train: int, epochs: int, 
         " amp=True, project=%r, name='loop', exist_ok=True, verbose=False)\n"
         "print('EPOCH_TIMES', [round(ts[i+1]-ts[i], 3) for i in range(0, len(ts), 2)])\n"
     ) % (yaml, str(data), epochs, bs, imgsz, workers, str(workdir))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("EPOCH_TIMES")]
     if out.returncode != 0 or not line:
         raise RuntimeError(f"loop bench failed for {yaml}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
@@ -253,6 +283,9 @@ def main():
     ap.add_argument("--loop-rounds", type=int, default=1,
                     help="loop: rounds over the models, in alternating order; the median round is reported")
     ap.add_argument("--workers", type=int, default=12)
+    ap.add_argument("--cuda-graphs", choices=list(GRAPHS), default="on",
+                    help="CUDA-graph replay of the BiMamba layers (YOLO_BIMAMBA_CUDA_GRAPHS): on (the default, as users "
+                         "train), off, or both (each BiMamba model measured both ways, side by side)")
     ap.add_argument("--onnx", action="store_true", help="also export ONNX and time CPU inference")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--onnx-only", action="store_true",
@@ -277,8 +310,10 @@ def main():
         info[yaml] = model_info(yaml)
         for prec in args.precisions if args.steps > 0 else ():  # --steps 0: no model-step rows (e.g. --loop alone)
             for backend in args.backends:
-                r = model_step_bench(yaml, prec, backend, args.batch, args.imgsz, args.steps, args.warmup)
-                if r:
+                for graphs in runs_of(yaml, args.cuda_graphs):
+                    with graphs_env(graphs):
+                        r = model_step_bench(yaml, prec, backend, args.batch, args.imgsz, args.steps, args.warmup)
+                    r["cuda_graphs"] = graphs != "0" if backend == "triton" else None
                     rows.append(r)
                     print(json.dumps(r), flush=True)
                 if "bimamba" not in yaml:
@@ -292,18 +327,22 @@ def main():
         data = make_synthetic_dataset(work / "synthetic", args.loop_images, args.imgsz)
         loop = functools.partial(loop_bench, data=data, workdir=work, n_train=args.loop_images, epochs=args.loop_epochs,
                                  bs=args.batch, imgsz=args.imgsz, workers=args.workers)
-        for yaml, res in loop_rounds(args.models, args.loop_rounds, loop).items():
-            info[yaml].update(res)
+        runs = [(yaml, g) for yaml in args.models for g in runs_of(yaml, args.cuda_graphs)]
+        for (yaml, graphs), res in loop_rounds(runs, args.loop_rounds, loop).items():
+            info[yaml].update(res if graphs != "0" or len(runs_of(yaml, args.cuda_graphs)) == 1
+                              else {f"{k}_graphs_off": v for k, v in res.items()})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = gpu.replace(" ", "-")
     (out / f"train-{tag}.json").write_text(json.dumps({"meta": meta, "model_step": rows, "models": info}, indent=2))
-    print("\n| model | precision | backend | step ms | img/s | peak MB |\n|---|---|---|---|---|---|")
+    print("\n| model | precision | backend | CUDA graphs | step ms | img/s | peak MB |\n|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['precision']} | {r['backend']} | {r['step_ms_median']} | {r['images_per_s']} | {r['peak_mem_mb']} |")
-    print("\n| model | params | GFLOPs | ONNX CPU ms | loop img/s |\n|---|---|---|---|---|")
+        print(f"| {r['model']} | {r['precision']} | {r['backend']} | {r['cuda_graphs']} | {r['step_ms_median']} | "
+              f"{r['images_per_s']} | {r['peak_mem_mb']} |")
+    print("\n| model | params | GFLOPs | ONNX CPU ms | loop img/s | loop img/s, graphs off |\n|---|---|---|---|---|---|")
     for k, v in info.items():
-        print(f"| {k} | {v['params']} | {v['gflops']} | {v.get('onnx_cpu_ms_per_image', '-')} | {v.get('loop_images_per_s', '-')} |")
+        print(f"| {k} | {v['params']} | {v['gflops']} | {v.get('onnx_cpu_ms_per_image', '-')} | "
+              f"{v.get('loop_images_per_s', '-')} | {v.get('loop_images_per_s_graphs_off', '-')} |")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ TOL = {"fp32": 1e-4, "bf16": 2e-3, "fp16": 2e-3}  # after optimizer steps: atomi
 
 
 def rel(a, b):
-    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def train(block, xs, amp, graphs, monkeypatch, accumulate=2, twice=False):

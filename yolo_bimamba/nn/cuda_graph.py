@@ -100,6 +100,9 @@ class _Graphs:
                 grads = torch.autograd.grad(self.out, inputs, self.gout, allow_unused=True)
         self.used = [gr is not None for gr in grads]  # an input the output does not depend on gets None
         self.grads = [gr for gr in grads if gr is not None]
+        # drop the captured autograd graph: replays do not need it, and it would keep the parameters' AccumulateGrad
+        # nodes, made on the capture stream, alive for later steps (torch then warns of a stream mismatch and syncs)
+        self.out = self.out.detach()
         torch.cuda.synchronize(dev)
         self.live = None  # weakref to the _Token of the replay whose backward is still to come
 
