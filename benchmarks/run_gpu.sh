@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for a CUDA machine: the GPU test suite, then the kernel benchmark.
 #
-#   bash benchmarks/run_gpu.sh          # from anywhere; needs torch + triton + a CUDA GPU (no Ultralytics needed)
+#   bash benchmarks/run_gpu.sh          # from anywhere; needs torch + triton + a CUDA GPU, and Ultralytics for the
+#                                       # CUDA-graph tests (installed from .whl/ when it is there)
 #
 # Writes into $OUT when it is set (e.g. the device tool's output folder), else into benchmarks/results/:
 #   gpu-tests-<gpu>.log              python -m pytest -m gpu tests/gpu (pytest-xdist, grouped by compile key, if installed)
@@ -25,6 +26,13 @@ gpu="$gpu${TAG_SUFFIX:-}"
 echo "== $(date -u +%FT%TZ) gpu=$gpu dest=$DEST"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 | head -3
 python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+
+# tests/gpu/test_cuda_graph.py needs Ultralytics (the blocks use its Conv); GPU machines without it get the wheels
+# that ../shared/tools/gpu-wheels.sh put in .whl/
+if ! python3 -c "import ultralytics" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || echo "== could not install .whl/*.whl"
+fi
+python3 -c "import ultralytics" 2>/dev/null || echo "== WARNING: no ultralytics: tests/gpu/test_cuda_graph.py is skipped"
 
 test_rc=0
 if [ "${RUN_TESTS:-1}" != 0 ]; then
