@@ -76,7 +76,6 @@ class _Token:  # lives as long as the autograd node of one replay
 class _Graphs:
     def __init__(self, forward, x, params):
         dev = x.device
-        self.params = params
         self.x = x.detach().clone().requires_grad_(x.requires_grad)
         inputs = ([self.x] if x.requires_grad else []) + list(params)
         self.x_has_grad = x.requires_grad
@@ -141,8 +140,10 @@ def run(layer: nn.Module, forward, x: torch.Tensor) -> torch.Tensor:
     table = _graphs.get(layer, {})
     if table is None:
         return forward(x)
-    key = (tuple(x.shape), x.stride(), x.dtype, x.requires_grad, torch.is_autocast_enabled("cuda"),
-           torch.get_autocast_dtype("cuda"), tuple((p.data_ptr(), p.dtype) for p in params))
+    # the graphs read each parameter at its address, in its dtype and shape: a parameter moved or replaced (to(),
+    # half(), a new tensor) gives another key, and a new capture
+    key = (tuple(x.shape), x.stride(), x.dtype, x.device, x.requires_grad, torch.is_autocast_enabled("cuda"),
+           torch.get_autocast_dtype("cuda"), tuple((p.data_ptr(), p.dtype, p.shape) for p in params))
     g = table.get(key)
     if g is None:
         if len(table) >= MAX_SHAPES:
