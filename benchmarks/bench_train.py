@@ -313,7 +313,7 @@ def main():
                 for graphs in runs_of(yaml, args.cuda_graphs):
                     with graphs_env(graphs):
                         r = model_step_bench(yaml, prec, backend, args.batch, args.imgsz, args.steps, args.warmup)
-                    r["cuda_graphs"] = graphs != "0" if backend == "triton" else None
+                    r["cuda_graphs"] = None if graphs is None else graphs != "0"  # None: a model without BiMamba layers
                     rows.append(r)
                     print(json.dumps(r), flush=True)
                 if "bimamba" not in yaml:

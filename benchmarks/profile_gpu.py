@@ -29,8 +29,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-
-
 def _kernel_times(fn, iters=5):
     """Median over ``iters`` profiled calls of fn: {kernel name: CUDA ms per call} and the number of launches."""
     from torch.profiler import ProfilerActivity, profile
