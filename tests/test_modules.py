@@ -129,3 +129,22 @@ def test_cuda_graph_replay_is_off_the_cuda_training_path():
                 assert torch.equal(layer(x), layer._forward(x))
     assert cuda_graph.graphed_shapes(layer) == []
     assert not cuda_graph._usable(layer.train(), x, tuple(layer.parameters()))
+
+
+def test_cuda_graph_summary_counts_replaying_failed_and_eager_layers(monkeypatch):
+    """The line the training guard logs at the end of CUDA training: layers with graphs (and their distinct input
+    shapes), layers left eager by a failed capture, and the rest."""
+    from yolo_bimamba.nn import C2fBiMamba, cuda_graph
+
+    block = C2fBiMamba(32, 32, n=4)
+    a, b, c, _ = block.m
+    monkeypatch.setattr(cuda_graph, "_graphs", cuda_graph.weakref.WeakKeyDictionary())
+    cuda_graph._graphs[a] = {((2, 16, 5, 5), "k1"): object(), ((1, 16, 5, 5), "k2"): object()}
+    cuda_graph._graphs[b] = {((2, 16, 5, 5), "k3"): object()}
+    cuda_graph._graphs[c] = None
+    monkeypatch.setenv("YOLO_BIMAMBA_CUDA_GRAPHS", "1")
+    assert cuda_graph.summary(block, BiMambaLayer2D) == (
+        "CUDA-graph replay on: 2 of 4 BiMambaLayer2D layers replay graphs (2 input shapes), "
+        "1 eager after a failed capture, 1 eager")
+    monkeypatch.setenv("YOLO_BIMAMBA_CUDA_GRAPHS", "0")
+    assert cuda_graph.summary(block, BiMambaLayer2D).startswith("CUDA-graph replay off (YOLO_BIMAMBA_CUDA_GRAPHS=0)")

@@ -485,6 +485,19 @@ def _on_train_end(trainer):
     _remove_hooks(st)
     if enabled(trainer) and st.skipped:
         _log("warning", f"nan_guard: {st.skipped} of {st.steps} optimizer steps were skipped (non-finite gradients)")
+    _log_replay(trainer)
+
+
+def _log_replay(trainer):
+    """Say whether the BiMamba layers replayed CUDA graphs (yolo_bimamba.nn.cuda_graph), on CUDA training only."""
+    if getattr(getattr(trainer, "device", None), "type", None) != "cuda" or getattr(trainer, "model", None) is None:
+        return
+    from .nn import cuda_graph
+    from .nn.blocks import BiMambaLayer2D
+
+    model = _unwrap(trainer.model)
+    if any(isinstance(m, BiMambaLayer2D) for m in model.modules()):
+        _log("info", f"yolo_bimamba: {cuda_graph.summary(model, BiMambaLayer2D)}")
 
 
 def _on_teardown(trainer):

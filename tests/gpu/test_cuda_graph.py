@@ -9,6 +9,7 @@ steps with gradient accumulation (the case where a replay's static gradient buff
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -77,7 +78,34 @@ def compare(block_cls, amp, monkeypatch, shapes=((4, 64, 12, 10),), twice=False,
 
 @pytest.mark.parametrize("amp", list(AMP))
 def test_replay_matches_eager_training(amp, monkeypatch):
-    compare(C2fBiMamba, amp, monkeypatch)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        compare(C2fBiMamba, amp, monkeypatch)
+    # a replay must not leave autograd nodes of the capture stream behind (torch warns of a stream mismatch and
+    # synchronizes on every step when it does)
+    stream = [str(w.message) for w in seen if "stream" in str(w.message).lower()]
+    assert not stream, stream
+
+
+def test_replay_matches_eager_with_the_pytorch_op(monkeypatch):
+    # the replay wraps the layer whatever backend the op uses: the PyTorch op's graph must match its eager run too
+    compare(C2fBiMamba, "bf16", monkeypatch, backend="torch")
+
+
+def test_drop_path_draws_a_new_mask_on_every_replay(monkeypatch):
+    monkeypatch.setenv("YOLO_BIMAMBA_CUDA_GRAPHS", "1")
+    torch.manual_seed(0)
+    layer = BiMambaLayer2D(32, drop_path=0.5).cuda().train()
+    x = torch.randn(16, 32, 6, 6, device="cuda", requires_grad=True)
+    kept = []
+    for _ in range(6):
+        y = layer(x)
+        y.sum().backward()
+        kept.append(tuple(bool(v) for v in ((y - x).flatten(1).abs().amax(1) > 0).tolist()))
+    assert cuda_graph.graphed_shapes(layer) == [(16, 32, 6, 6)]
+    # each sample's branch is dropped with probability 0.5: a frozen mask would repeat the same pattern
+    assert len(set(kept[2:])) > 1, kept
+    assert all(0 < sum(k) < 16 for k in kept), kept
 
 
 def test_replay_matches_eager_hydra_rowcol_and_two_shapes(monkeypatch):

@@ -29,7 +29,7 @@ import weakref
 import torch
 from torch import nn
 
-__all__ = ["run", "enabled", "graphed_shapes", "MAX_SHAPES"]
+__all__ = ["run", "enabled", "graphed_shapes", "summary", "MAX_SHAPES"]
 
 MAX_SHAPES = 4  # input shapes per layer kept as graphs (training uses one or two: full batches and the last one)
 WARMUP = 2  # eager fwd+bwd runs before a capture: the Triton kernels compile and autotune there, not in the capture
@@ -45,6 +45,19 @@ def enabled() -> bool:
 def graphed_shapes(layer: nn.Module) -> list:
     """Input shapes the layer has graphs for (for tests and logs)."""
     return [k[0] for k in (_graphs.get(layer) or {})]
+
+
+def summary(model: nn.Module, kind: type) -> str:
+    """One line on how the ``kind`` layers of ``model`` ran in CUDA training so far: how many replay graphs, how
+    many stay eager after a failed capture, how many never captured (e.g. hooks, frozen parameters, CPU)."""
+    layers = [m for m in model.modules() if isinstance(m, kind)]
+    graphed = [m for m in layers if _graphs.get(m)]
+    failed = sum(1 for m in layers if m in _graphs and _graphs[m] is None)
+    shapes = sorted({k[0] for m in graphed for k in _graphs[m]})
+    state = "on" if enabled() else "off (YOLO_BIMAMBA_CUDA_GRAPHS=0)"
+    return (f"CUDA-graph replay {state}: {len(graphed)} of {len(layers)} {kind.__name__} layers replay graphs "
+            f"({len(shapes)} input shapes), {failed} eager after a failed capture, "
+            f"{len(layers) - len(graphed) - failed} eager")
 
 
 def _hooked(layer: nn.Module) -> bool:
