@@ -74,7 +74,7 @@ case $MODE in
     (cd /tmp && python3 "$REPO/train.py" model=yolov8n-bimamba.yaml device=0,1 epochs="${DDP_EPOCHS:-2}" batch=32 \
       workers=4 project="$RUNS" name=ddp-trainpy exist_ok=True > "$RUNS/ddp-trainpy.log" 2>&1; echo "ddp-train.py exit $?") &
     wait
-    tail -3 "$RUNS/ddp-cli.log" "$RUNS/ddp-trainpy.log"
+    tail -n 3 "$RUNS/ddp-cli.log" "$RUNS/ddp-trainpy.log"
     cp "$RUNS"/ddp-*.log "$OUT/"
     pack ddp ;;
   bench)

@@ -148,3 +148,25 @@ def test_cuda_graph_summary_counts_replaying_failed_and_eager_layers(monkeypatch
         "1 eager after a failed capture, 1 eager")
     monkeypatch.setenv("YOLO_BIMAMBA_CUDA_GRAPHS", "0")
     assert cuda_graph.summary(block, BiMambaLayer2D).startswith("CUDA-graph replay off (YOLO_BIMAMBA_CUDA_GRAPHS=0)")
+
+
+def test_cuda_graph_stand_ins_share_storage_and_are_put_back():
+    """The capture differentiates with respect to stand-ins of the layer's parameters (new leaves on the same storage);
+    afterwards, and after an error too, every module holds its own parameters again."""
+    from yolo_bimamba.nn import cuda_graph
+
+    layer = BiMambaLayer2D(16)
+    params = tuple(layer.parameters())
+    stand_ins = [torch.nn.Parameter(p.detach(), requires_grad=True) for p in params]
+    with cuda_graph._standing_in(layer, params, stand_ins):
+        now = tuple(layer.parameters())
+        assert all(a is b for a, b in zip(now, stand_ins)) and len(now) == len(params)
+        assert all(a.data_ptr() == p.data_ptr() and a is not p for a, p in zip(now, params))
+        out = layer._forward(torch.randn(1, 16, 3, 4))
+        grads = torch.autograd.grad(out.sum(), stand_ins, allow_unused=True)
+        assert all(p.grad is None for p in params) and any(g is not None for g in grads)
+    assert all(a is b for a, b in zip(layer.parameters(), params))
+    with pytest.raises(RuntimeError, match="boom"):
+        with cuda_graph._standing_in(layer, params, stand_ins):
+            raise RuntimeError("boom")
+    assert all(a is b for a, b in zip(layer.parameters(), params))

@@ -6,7 +6,9 @@ shape is fixed from step to step, so :func:`run` captures the layer's forward an
 (``torch.cuda.CUDAGraph``) and then replays the two graphs: two launches instead of about seventy.
 
 What a replay computes is what the eager layer computes: the same kernels on the same buffers (the parameters are
-read in place, so optimizer updates are seen). Each call copies its input into the graph's input buffer and returns
+read in place, so optimizer updates are seen). The captured backward differentiates with respect to stand-ins of the
+parameters (new leaves on the same storage), so that the parameters' own autograd nodes (held by DDP, or by the
+caller's previous step) never take part in a capture. Each call copies its input into the graph's input buffer and returns
 copies of the output and the gradients, so nothing the caller keeps (``.grad`` accumulation over several steps, the
 output) aliases a buffer that the next replay overwrites.
 
@@ -22,6 +24,7 @@ The eager layer is used instead whenever a replay could differ from it or could 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import weakref
@@ -82,38 +85,68 @@ def _usable(layer: nn.Module, x: torch.Tensor, params) -> bool:
     return not _hooked(layer)
 
 
+@contextlib.contextmanager
+def _standing_in(layer: nn.Module, params, stand_ins):
+    """Within the block, every module of ``layer`` holds the stand-in of each of its parameters."""
+    by_id = {id(p): q for p, q in zip(params, stand_ins)}
+    slots = [(m, name, p) for m in layer.modules() for name, p in m._parameters.items() if p is not None]
+    try:
+        for m, name, p in slots:
+            m._parameters[name] = by_id[id(p)]
+        yield
+    finally:
+        for m, name, p in slots:
+            m._parameters[name] = p
+
+
+def _end_stuck_capture(dev) -> None:
+    """After a failed capture: torch leaves the device's default random generator in its capturing state when a
+    capture ends in an error (every later random op on the device then raises "Offset increment outside graph
+    capture"). A small capture that succeeds ends that state."""
+    a = torch.zeros(1, device=dev)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=torch.cuda.Stream(device=dev)):
+        a.add_(1.0)
+
+
 class _Token:  # lives as long as the autograd node of one replay
     pass
 
 
 class _Graphs:
-    def __init__(self, forward, x, params):
+    def __init__(self, layer, forward, x, params):
         dev = x.device
         self.x = x.detach().clone().requires_grad_(x.requires_grad)
-        inputs = ([self.x] if x.requires_grad else []) + list(params)
+        # the graphs differentiate with respect to stand-ins of the parameters: new leaves on the same storage (so
+        # replays read the parameters in place). The parameters' own AccumulateGrad nodes may be alive, made on the
+        # default stream (by an earlier step's graph that the caller still holds, or by DDP, which keeps them): a
+        # capture on the side stream that reached them would have to wait on the default stream, which invalidates it
+        self.stand_ins = [nn.Parameter(p.detach(), requires_grad=True) for p in params]
+        inputs = ([self.x] if x.requires_grad else []) + self.stand_ins
         self.x_has_grad = x.requires_grad
         amp = dict(device_type="cuda", enabled=torch.is_autocast_enabled("cuda"),
                    dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)  # casts inside the graph, not cached
         side = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side), torch.autocast(**amp):
-            for _ in range(WARMUP):
-                out = forward(self.x)
-                torch.autograd.grad(out, inputs, torch.zeros_like(out), allow_unused=True)
-            del out
-        torch.cuda.synchronize(dev)
-        pool = torch.cuda.graph_pool_handle()
-        self.fwd, self.bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.autocast(**amp):
-            with torch.cuda.graph(self.fwd, pool=pool, stream=side):
-                self.out = forward(self.x)
-            self.gout = torch.empty_like(self.out)
-            with torch.cuda.graph(self.bwd, pool=pool, stream=side):
-                grads = torch.autograd.grad(self.out, inputs, self.gout, allow_unused=True)
+        with _standing_in(layer, params, self.stand_ins):
+            with torch.cuda.stream(side), torch.autocast(**amp):
+                for _ in range(WARMUP):
+                    out = forward(self.x)
+                    torch.autograd.grad(out, inputs, torch.zeros_like(out), allow_unused=True)
+                del out
+            torch.cuda.synchronize(dev)
+            pool = torch.cuda.graph_pool_handle()
+            self.fwd, self.bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+            with torch.autocast(**amp):
+                with torch.cuda.graph(self.fwd, pool=pool, stream=side):
+                    self.out = forward(self.x)
+                self.gout = torch.empty_like(self.out)
+                with torch.cuda.graph(self.bwd, pool=pool, stream=side):
+                    grads = torch.autograd.grad(self.out, inputs, self.gout, allow_unused=True)
         self.used = [gr is not None for gr in grads]  # an input the output does not depend on gets None
         self.grads = [gr for gr in grads if gr is not None]
-        # drop the captured autograd graph: replays do not need it, and it would keep the parameters' AccumulateGrad
-        # nodes, made on the capture stream, alive for later steps (torch then warns of a stream mismatch and syncs)
+        # drop the captured autograd graph: replays do not need it, and its AccumulateGrad nodes were made on the
+        # capture stream
         self.out = self.out.detach()
         torch.cuda.synchronize(dev)
         self.live = None  # weakref to the _Token of the replay whose backward is still to come
@@ -162,9 +195,14 @@ def run(layer: nn.Module, forward, x: torch.Tensor) -> torch.Tensor:
         if len(table) >= MAX_SHAPES:
             return forward(x)
         try:
-            g = _Graphs(forward, x, params)
+            g = _Graphs(layer, forward, x, params)
         except Exception as e:  # noqa: BLE001 - any capture failure leaves this layer eager, it must not stop training
             _graphs[layer] = None
+            try:
+                torch.cuda.synchronize(x.device)
+                _end_stuck_capture(x.device)
+            except Exception as e2:  # noqa: BLE001
+                _LOG.warning(f"yolo_bimamba: could not reset the CUDA random generator after that ({e2})")
             _LOG.warning(f"yolo_bimamba: CUDA-graph capture of {type(layer).__name__} failed ({type(e).__name__}: {e});"
                          " this layer runs eagerly")
             return forward(x)
