@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 # Before anything imports Ultralytics (8.3 only honours the spelling "true").
 if os.environ.get("YOLO_OFFLINE", "").strip().lower() in {"", "1", "true", "yes", "on", "y", "t"}:
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None):
     wall = time.time() - t0
 
     trainer = model.trainer
+    if not history and trainer is not None:  # DDP: the epochs ran in worker processes; rank 0 wrote results.csv
+        history = _history_from_csv(Path(trainer.save_dir) / "results.csv")
     print(f"\ntrain.py: {model_name} on {args['data']}: {len(history)} epoch(s) in {wall:.0f} s")
     rows = [(ep, *v) for ep, v in sorted(history.items()) if v[0] is not None]
     for ep, m50, m5095 in rows:
@@ -116,6 +119,18 @@ def main(argv: list[str] | None = None):
     if trainer is not None:
         print(f"  best weights: {trainer.best}")
     return model
+
+
+def _history_from_csv(path: Path) -> dict:
+    """epoch -> (mAP50, mAP50-95) from Ultralytics' results.csv ({} when it is missing)."""
+    import csv
+
+    if not path.is_file():
+        return {}
+    with path.open() as f:
+        rows = [{k.strip(): v.strip() for k, v in r.items() if k} for r in csv.DictReader(f)]
+    return {int(float(r["epoch"])): (float(r["metrics/mAP50(B)"]), float(r["metrics/mAP50-95(B)"]))
+            for r in rows if r.get("epoch") and r.get("metrics/mAP50(B)")}
 
 
 if __name__ == "__main__":

@@ -264,7 +264,7 @@ def loop_rounds(models, n_rounds, bench) -> dict:
             print(yaml, f"round {r}", res, flush=True)
     return {yaml: dict(loop_epoch_s=[t for res in rs for t in res["loop_epoch_s"]],
                        loop_images_per_s_rounds=[res["loop_images_per_s"] for res in rs],
-                       loop_images_per_s=statistics.median(res["loop_images_per_s"] for res in rs))
+                       loop_images_per_s=round(statistics.median(res["loop_images_per_s"] for res in rs), 1))
             for yaml, rs in rounds.items()}
 
 
