@@ -112,6 +112,21 @@ def _call_op(dtype_name, p, n, g, h, v):
         torch.autograd.grad(y, leaves, torch.randn_like(y))
 
 
+def _call_dwconv(dtype_name):
+    """The fused conv1d + SiLU (ops.dwconv), forward and backward, once per config (fp32 weights, as under AMP)."""
+    import torch
+
+    from yolo_bimamba.ops.dwconv import dwconv_silu, force_config
+    from yolo_bimamba.ops.dwconv_kernels import CONFIGS
+
+    for i in range(len(CONFIGS)):
+        u = torch.randn(2, 100, 96, dtype=_torch_dtype(dtype_name)).requires_grad_(True)
+        w, b = torch.randn(96, 1, 7).requires_grad_(True), torch.randn(96).requires_grad_(True)
+        with force_config(i):
+            y = dwconv_silu(u, w, b, backend="triton")
+            torch.autograd.grad(y, (u, w, b), torch.randn_like(y))
+
+
 def _resource_usage(cubin: bytes):
     """(registers, stack bytes, local bytes) from cuobjdump, or None where it is not available."""
     import shutil
@@ -294,6 +309,8 @@ def _worker(out_path: str, dtypes: list[str], manual_signature: bool = False) ->
                 continue
             ctx["variant"], ctx["dtype"], ctx["stage"] = label, dtype, stage
             _call_op(dtype, p, n, g, h, v)
+        ctx["variant"], ctx["dtype"], ctx["stage"] = "dwconv", dtype, "cubin"
+        _call_dwconv(dtype)
     t_record = time.time() - t0
     _install_ptx_only_switch()
     # biggest jobs first (backward kernels, large tiles), so the pool ends evenly
@@ -419,6 +436,24 @@ def test_every_launched_kernel_is_covered(report):
     for k, nc in _KERNELS:
         got = {r["config_index"] for r in report["results"] if r["kernel"] == k}
         assert got == set(range(nc)), f"{k}: compiled configs {sorted(got)} of {nc}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dwconv_kernels_compile_for_sm90(report, dtype):
+    """The conv1d + SiLU kernels (launched without an autotuner): every config, all the way to a cubin."""
+    from yolo_bimamba.ops.dwconv_kernels import CONFIGS
+
+    rows = [r for r in report["results"] if r["variant"] == "dwconv" and r["dtype"] == dtype]
+    kernels = {"_dwconv_silu_fwd", "_dwconv_silu_bwd_pre", "_dwconv_silu_bwd_in"}
+    assert {r["kernel"] for r in rows} == kernels
+    for k in kernels:
+        tiles = {(r["config"]["launch"]["BLOCK_L"], r["config"]["launch"]["BLOCK_C"]) for r in rows if r["kernel"] == k}
+        assert tiles == {(repr(bl), repr(bc)) for bl, bc, _ in CONFIGS}, (k, tiles)
+    problems = [f"{_fmt(r)}: {r.get('error', 'no cubin')}" for r in rows if not (r["ok"] and r.get("has_cubin"))]
+    problems += [f"{_fmt(r)}: shared {r['shared']}" for r in rows if r["ok"] and r["shared"] > SM90_MAX_SHARED]
+    problems += [f"{_fmt(r)}: {r['regs']} registers x {r['num_warps']} warps" for r in rows
+                 if r.get("regs") and -(-r["regs"] // 8) * 8 * 32 * r["num_warps"] > SM90_REGS_PER_SM]
+    assert not problems, "\n".join(problems)
 
 
 def test_too_large_config_is_caught(tmp_path):

@@ -4,10 +4,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..ops import bi_ssd
+from ..ops.dwconv import dwconv_silu
 from .norm import RMSNormGated
 
 #: A = -exp(A_log) is computed with A_log clamped to at most this value (|A| <= 1e3), so that
@@ -106,7 +106,7 @@ class BiMamba2(nn.Module):
         b, l, _ = u.shape
         gn = self.ngroups * self.d_state
         z, xbc, dt = torch.split(self.in_proj(u), [self.d_inner, self.d_inner + 2 * gn, self.nheads], dim=-1)
-        xbc = F.silu(self.conv1d(xbc.transpose(1, 2)).transpose(1, 2))
+        xbc = dwconv_silu(xbc, self.conv1d.weight, self.conv1d.bias, backend=self.backend)  # fused on CUDA
         x, B, C = torch.split(xbc, [self.d_inner, gn, gn], dim=-1)
         A = -torch.exp(self.A_log.float().clamp(max=A_LOG_MAX))
         y = bi_ssd(

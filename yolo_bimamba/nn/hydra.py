@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import bi_ssd
+from ..ops.dwconv import dwconv_silu
 from ..ops.reference import process_dt
 from .bimamba2 import init_dt_bias
 from .blocks import BiMambaLayer2D, C2fBiMamba
@@ -153,7 +154,10 @@ class Hydra(nn.Module):
         h, p, g, n = self.nheads, self.headdim, self.ngroups, self.d_state
         gn = g * n
         z, xbc, dt = torch.split(self.in_proj(u), [self.d_inner, self.d_inner + 4 * gn, 2 * h], dim=-1)
-        xbc = self.act(self.conv1d(xbc.transpose(1, 2)).transpose(1, 2))
+        if isinstance(self.act, nn.SiLU):  # fused on CUDA (ops.dwconv), the same expression elsewhere
+            xbc = dwconv_silu(xbc, self.conv1d.weight, self.conv1d.bias, backend=self.backend)
+        else:
+            xbc = self.act(self.conv1d(xbc.transpose(1, 2)).transpose(1, 2))
         x, B_f, C_f, B_b, C_b = torch.split(xbc, [self.d_inner, gn, gn, gn, gn], dim=-1)
         dt_f, dt_b = dt[..., :h], dt[..., h:]
         A = -torch.exp(self.A_log.float())

@@ -1,0 +1,55 @@
+"""GPU tests of the fused depthwise conv1d + SiLU (yolo_bimamba.ops.dwconv) at the shapes of the detection models.
+
+    python -m pytest -m gpu tests/gpu/test_gpu_dwconv.py -v
+
+Against float64 on random inputs, every config forced, NaN-poisoned output and gradient buffers, bitwise repeatable.
+The activations come in fp32 or bf16 with fp32 weights (what AMP hands over from the in-projection).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+from yolo_bimamba.ops import triton_op  # noqa: E402
+from yolo_bimamba.ops.dwconv import dwconv_silu, dwconv_silu_reference, force_config  # noqa: E402
+from yolo_bimamba.ops.dwconv_kernels import CONFIGS  # noqa: E402
+
+# (b, L, channels) of the conv in yolov8n-bimamba at 640 px, batch 32 (P3, P4, P5 layers), and an odd one
+SHAPES = {"p3": (32, 6400, 128), "p4": (32, 1600, 192), "p5": (32, 400, 320), "odd": (3, 1001, 77)}
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+@pytest.mark.parametrize("cfg", range(len(CONFIGS)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
+def test_matches_float64_every_config_and_repeats(shape, dtype, cfg):
+    b, L, C = SHAPES[shape]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    big = torch.randn(b, L, C + 40, device="cuda", generator=g).to(dtype)
+    u = big[:, :, 16:16 + C].requires_grad_()  # a slice of a wider projection, as in the modules
+    w = (torch.randn(C, 1, 7, device="cuda", generator=g) / 7 ** 0.5).requires_grad_()
+    bias = torch.randn(C, device="cuda", generator=g).requires_grad_()
+    dy = torch.randn(b, L, C, device="cuda", generator=g).to(dtype)
+    runs = []
+    for _ in range(2):
+        with force_config(cfg), triton_op.poison_outputs(True):
+            y = dwconv_silu(u, w, bias, backend="triton")
+            grads = torch.autograd.grad(y, (u, w, bias), dy)
+            torch.cuda.synchronize()
+            assert triton_op.check_guards(), "a kernel wrote outside its buffer"
+        runs.append((y, *grads))
+    for a, c in zip(*runs):
+        assert torch.equal(a, c), "not bitwise repeatable"
+    leaves = [t.detach().double().requires_grad_() for t in (u, w, bias)]
+    yr = dwconv_silu_reference(*leaves)
+    ref = (yr, *torch.autograd.grad(yr, leaves, dy.double()))
+    for name, a, r, want in zip(("y", "du", "dweight", "dbias"), runs[0], ref, (dtype, dtype, w.dtype, w.dtype)):
+        assert a.dtype == want, name
+        assert torch.isfinite(a).all() and rel(a, r) <= TOL[dtype], f"{name}: {rel(a, r)}"

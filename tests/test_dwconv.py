@@ -1,0 +1,122 @@
+"""The fused depthwise conv1d + SiLU (yolo_bimamba.ops.dwconv) under the Triton interpreter, against float64.
+
+Every config of dwconv_kernels.CONFIGS is forced in turn; output and gradient buffers are NaN-poisoned (with NaN
+guard regions around them) so an element left unwritten or a write out of bounds fails the test.
+"""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any triton kernel module is imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from yolo_bimamba.ops import triton_op  # noqa: E402
+from yolo_bimamba.ops.dwconv import dwconv_silu, dwconv_silu_reference, force_config  # noqa: E402
+from yolo_bimamba.ops.dwconv_kernels import CONFIGS  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+if DEV == "cpu" and not triton_op._INTERPRET:
+    pytest.skip("no CUDA and TRITON_INTERPRET is not set", allow_module_level=True)
+
+# (b, L, C, k): L and C not multiples of any block, L shorter than the kernel's reach, one channel, k = 1
+SHAPES = [(2, 37, 40, 7), (1, 5, 130, 3), (3, 129, 17, 7), (1, 1, 1, 5), (2, 64, 64, 1)]
+
+
+def rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def inputs(b, L, C, k, dtype, strided=True, bias=True):
+    big = torch.randn(b, L, C + 11, dtype=dtype, device=DEV) * 2
+    u = (big[:, :, 5:5 + C] if strided else big[:, :, :C].contiguous()).detach().requires_grad_()
+    w = (torch.randn(C, 1, k, dtype=dtype, device=DEV) / k ** 0.5).requires_grad_()
+    bb = torch.randn(C, dtype=dtype, device=DEV).requires_grad_() if bias else None
+    return u, w, bb
+
+
+def run(u, w, bb, dy, cfg):
+    with force_config(cfg), triton_op.poison_outputs(True):
+        y = dwconv_silu(u, w, bb, backend="triton")
+        leaves = [t for t in (u, w, bb) if t is not None]
+        grads = torch.autograd.grad(y, leaves, dy)
+        assert triton_op.check_guards(), "a kernel wrote outside its buffer"
+    return y, grads
+
+
+@pytest.mark.parametrize("cfg", range(len(CONFIGS)))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_float64_reference_every_config(shape, dtype, cfg):
+    u, w, bb = inputs(*shape, dtype, bias=shape[2] != 17)
+    dy = torch.randn(u.shape, dtype=dtype, device=DEV)
+    y, grads = run(u, w, bb, dy, cfg)
+    leaves = [t for t in (u, w, bb) if t is not None]
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    yr = dwconv_silu_reference(ref_leaves[0], ref_leaves[1], ref_leaves[2] if bb is not None else None)
+    grads_r = torch.autograd.grad(yr, ref_leaves, dy.double())
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert y.dtype == dtype and y.shape == u.shape and y.is_contiguous()
+    assert torch.isfinite(y).all() and rel(y, yr) <= tol
+    for name, g, gr in zip(("u", "weight", "bias"), grads, grads_r):
+        assert g.dtype == dtype and g.shape == gr.shape, name
+        assert torch.isfinite(g).all() and rel(g, gr) <= tol, f"{name}: {rel(g, gr)}"
+
+
+def test_gradcheck_float64():
+    u, w, bb = inputs(2, 9, 5, 3, torch.float64)
+    with force_config(1):
+        assert torch.autograd.gradcheck(lambda *t: dwconv_silu(*t, backend="triton"), (u, w, bb), fast_mode=True)
+
+
+def test_repeatable_bitwise():
+    u, w, bb = inputs(2, 70, 33, 7, torch.float32)
+    dy = torch.randn(u.shape, device=DEV)
+    first = run(u, w, bb, dy, 0)
+    second = run(u, w, bb, dy, 0)
+    for a, b in zip((first[0], *first[1]), (second[0], *second[1])):
+        assert torch.equal(a, b)
+
+
+def test_large_negative_and_positive_pre_activations_stay_finite():
+    u, w, bb = inputs(1, 20, 8, 3, torch.float32)
+    with torch.no_grad():
+        u.mul_(1e4)
+    dy = torch.randn(u.shape, device=DEV)
+    y, grads = run(u, w, bb, dy, 0)
+    assert torch.isfinite(y).all() and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("args, match", [
+    (((2, 5), (4, 1, 3), (4,)), r"u must have shape \(batch, seqlen, channels\)"),
+    (((2, 5, 4), (4, 1, 4), (4,)), r"weight must have shape \(4, 1, k\) with k odd"),
+    (((2, 5, 4), (3, 1, 3), (3,)), r"weight must have shape \(4, 1, k\)"),
+    (((2, 5, 4), (4, 1, 3), (5,)), r"bias must have shape \(4,\)"),
+])
+def test_bad_input_names_the_argument(args, match):
+    us, ws, bs = args
+    with pytest.raises(ValueError, match=match):
+        dwconv_silu(torch.randn(us), torch.randn(ws), torch.randn(bs), backend="triton")
+    with pytest.raises(ValueError, match="must be float16"):
+        dwconv_silu(torch.ones(2, 5, 4, dtype=torch.int32), torch.randn(4, 1, 3), None)
+    with pytest.raises(ValueError, match="backend"):
+        dwconv_silu(torch.randn(2, 5, 4), torch.randn(4, 1, 3), None, backend="cuda")
+
+
+def test_modules_use_it_and_match_their_conv1d():
+    """BiMamba2 and Hydra run the fused op when their backend asks for Triton; the result equals the nn.Conv1d
+    expression that the CPU and export path use."""
+    from yolo_bimamba.nn import BiMamba2, Hydra
+
+    for cls in (BiMamba2, Hydra):
+        torch.manual_seed(0)
+        m = cls(32, d_state=16, headdim=16, chunk_size=16).double().to(DEV)
+        x = torch.randn(2, 21, 32, dtype=torch.float64, device=DEV)
+        m.backend = "torch"
+        ref = m(x)
+        m.backend = "triton"
+        with triton_op.poison_outputs(True):
+            out = m(x)
+        assert rel(out, ref) <= 1e-10, cls.__name__

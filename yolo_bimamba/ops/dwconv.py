@@ -1,0 +1,142 @@
+"""Depthwise "same" convolution over the sequence, then SiLU: the short convolution of Mamba2 / Hydra blocks.
+
+``dwconv_silu(u, weight, bias)`` takes the sequence layout (b, l, c) that the in-projection produces and returns
+silu(conv1d(u)) in the same layout, equal to
+
+    F.silu(F.conv1d(u.transpose(1, 2), weight, bias, padding=k // 2, groups=c).transpose(1, 2))
+
+On CUDA it runs our Triton kernels (ops.dwconv_kernels): they read a slice of the in-projection's output in place
+and skip the two transposes and PyTorch's generic depthwise kernels. Elsewhere (CPU, tracing, ONNX export, no
+Triton) it is that PyTorch expression, so exported models contain a plain Conv1d.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+_FORCED: list = [None]  # tests: index into dwconv_kernels.CONFIGS used by every launch
+
+
+@contextlib.contextmanager
+def force_config(index: int | None):
+    """Every launch inside the block uses config ``index`` of ``dwconv_kernels.CONFIGS``."""
+    old = _FORCED[0]
+    _FORCED[0] = index
+    try:
+        yield
+    finally:
+        _FORCED[0] = old
+
+
+def dwconv_silu_reference(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    c, k = weight.shape[0], weight.shape[-1]
+    return F.silu(F.conv1d(u.transpose(1, 2), weight, bias, padding=k // 2, groups=c).transpose(1, 2))
+
+
+def validate_dwconv(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if not isinstance(u, torch.Tensor) or u.dim() != 3:
+        raise ValueError(f"dwconv_silu: u must have shape (batch, seqlen, channels), got "
+                         f"{tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__}")
+    b, l, c = u.shape
+    if weight.dim() != 3 or weight.shape[0] != c or weight.shape[1] != 1 or weight.shape[2] % 2 != 1:
+        raise ValueError(f"dwconv_silu: weight must have shape ({c}, 1, k) with k odd (a depthwise Conv1d's weight), "
+                         f"got {tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (c,):
+        raise ValueError(f"dwconv_silu: bias must have shape ({c},), got {tuple(bias.shape)}")
+    floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    for name, t in (("u", u), ("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype not in floats:
+            raise ValueError(f"dwconv_silu: {name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+        if t is not None and t.device != u.device:
+            raise ValueError(f"dwconv_silu: {name} is on {t.device}, u on {u.device}")
+
+
+def _triton_ok(u: torch.Tensor) -> bool:
+    if torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export():
+        return False
+    try:
+        from . import dwconv_kernels  # noqa: F401
+    except Exception:  # noqa: BLE001 - no Triton
+        return False
+    return True
+
+
+def dwconv_silu(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                backend: str = "auto") -> torch.Tensor:
+    """silu(depthwise "same" conv1d of u over the sequence), u (b, l, c), weight (c, 1, k), k odd; (b, l, c) out.
+
+    backend: "torch" (the PyTorch expression in the module docstring), "triton" (our kernels) or "auto" (Triton on
+    CUDA tensors when it is importable and the call is not traced or exported)."""
+    validate_dwconv(u, weight, bias)
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"dwconv_silu: backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    if backend == "torch" or (backend == "auto" and not (u.is_cuda and _triton_ok(u))):
+        return dwconv_silu_reference(u, weight, bias)
+    return _DWConvSiLU.apply(u, weight, bias)
+
+
+def _config(L: int, C: int):
+    from .dwconv_kernels import CONFIGS
+
+    if _FORCED[0] is not None:
+        return CONFIGS[_FORCED[0]]
+    return CONFIGS[0] if C > 32 else CONFIGS[1]  # narrow layers: longer row blocks
+
+
+def _compute(dtype):
+    import triton.language as tl
+
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+class _DWConvSiLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u, weight, bias):
+        from .dwconv_kernels import _dwconv_silu_fwd
+        from .triton_op import _alloc  # NaN-poisoned under triton_op.poison_outputs (tests)
+
+        if u.stride(-1) != 1:
+            u = u.contiguous()
+        b, L, C = u.shape
+        K = weight.shape[-1]
+        w = weight.reshape(C, K).contiguous()
+        bl, bc, nw = _config(L, C)
+        y = _alloc((b, L, C), u.dtype, u.device)
+        grid = (b, -(-L // bl), -(-C // bc))
+        _dwconv_silu_fwd[grid](u, w, bias if bias is not None else w, y, L, C, u.stride(0), u.stride(1),
+                               K=K, HAS_BIAS=bias is not None, COMPUTE=_compute(u.dtype), BLOCK_L=bl, BLOCK_C=bc,
+                               num_warps=nw)
+        ctx.save_for_backward(u, w, bias)
+        ctx.weight_shape = weight.shape
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        from .dwconv_kernels import _dwconv_silu_bwd_in, _dwconv_silu_bwd_pre
+        from .triton_op import _alloc
+
+        u, w, bias = ctx.saved_tensors
+        b, L, C = u.shape
+        K = w.shape[1]
+        dy = dy.contiguous()
+        bl, bc, nw = _config(L, C)
+        nlb = -(-L // bl)
+        grid = (b, nlb, -(-C // bc))
+        comp = _compute(u.dtype)
+        acc = torch.float64 if u.dtype == torch.float64 else torch.float32
+        gp = _alloc((b, L, C), acc, u.device)
+        dbias_part = _alloc((b * nlb, C), acc, u.device) if bias is not None else gp
+        _dwconv_silu_bwd_pre[grid](u, w, bias if bias is not None else w, dy, gp, dbias_part, L, C, u.stride(0),
+                                   u.stride(1), K=K, HAS_BIAS=bias is not None, COMPUTE=comp, BLOCK_L=bl,
+                                   BLOCK_C=bc, num_warps=nw)
+        du = _alloc((b, L, C), u.dtype, u.device)
+        dw_part = _alloc((b * nlb, K, C), acc, u.device)
+        _dwconv_silu_bwd_in[grid](u, w, gp, du, dw_part, L, C, u.stride(0), u.stride(1), K=K, COMPUTE=comp,
+                                  BLOCK_L=bl, BLOCK_C=bc, num_warps=nw)
+        dw = dw_part.sum(0).t().reshape(ctx.weight_shape).to(w.dtype)
+        dbias = dbias_part.sum(0).to(bias.dtype) if bias is not None else None
+        return du, dw, dbias
+
