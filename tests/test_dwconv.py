@@ -120,3 +120,18 @@ def test_modules_use_it_and_match_their_conv1d():
         with triton_op.poison_outputs(True):
             out = m(x)
         assert rel(out, ref) <= 1e-10, cls.__name__
+
+
+def test_auto_backend_and_its_switch(monkeypatch):
+    """"auto" runs the kernels on CUDA only; YOLO_BIMAMBA_FUSED_CONV=0 turns them off there."""
+    from yolo_bimamba.ops import dwconv
+
+    u = torch.randn(1, 4, 3, device=DEV)
+    assert dwconv._triton_ok(u)
+    monkeypatch.setenv("YOLO_BIMAMBA_FUSED_CONV", "0")
+    assert not dwconv._triton_ok(u)
+    calls = []
+    monkeypatch.setattr(dwconv._DWConvSiLU, "apply", lambda *a: calls.append(a))
+    monkeypatch.delenv("YOLO_BIMAMBA_FUSED_CONV")
+    dwconv_silu(torch.randn(1, 4, 3), torch.randn(3, 1, 3), None)  # CPU tensor: the PyTorch expression
+    assert calls == []

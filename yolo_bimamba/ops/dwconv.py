@@ -12,6 +12,7 @@ Triton) it is that PyTorch expression, so exported models contain a plain Conv1d
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,8 @@ def validate_dwconv(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 
 def _triton_ok(u: torch.Tensor) -> bool:
+    if os.environ.get("YOLO_BIMAMBA_FUSED_CONV", "1") == "0":  # escape hatch, and A/B benchmarks
+        return False
     if torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export():
         return False
     try:
@@ -68,7 +71,8 @@ def dwconv_silu(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """silu(depthwise "same" conv1d of u over the sequence), u (b, l, c), weight (c, 1, k), k odd; (b, l, c) out.
 
     backend: "torch" (the PyTorch expression in the module docstring), "triton" (our kernels) or "auto" (Triton on
-    CUDA tensors when it is importable and the call is not traced or exported)."""
+    CUDA tensors when it is importable and the call is not traced or exported; ``YOLO_BIMAMBA_FUSED_CONV=0`` turns
+    that off)."""
     validate_dwconv(u, weight, bias)
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"dwconv_silu: backend must be 'auto', 'torch' or 'triton', got {backend!r}")
