@@ -127,6 +127,23 @@ def _call_dwconv(dtype_name):
             torch.autograd.grad(y, (u, w, b), torch.randn_like(y))
 
 
+def _call_gated_norm(dtype_name):
+    """The fused gated RMSNorm (ops.gated_norm), forward and backward, once per config, at a narrow and at the
+    widest channel count of the models (fewer rows per program there)."""
+    import torch
+
+    from yolo_bimamba.ops.gated_norm import force_config, gated_rmsnorm
+    from yolo_bimamba.ops.gated_norm_kernels import CONFIGS
+
+    for d in (64, 1024):
+        for i in range(len(CONFIGS)):
+            x, z = (torch.randn(2, 50, d, dtype=_torch_dtype(dtype_name)).requires_grad_(True) for _ in range(2))
+            w = torch.ones(d).requires_grad_(True)
+            with force_config(i):
+                y = gated_rmsnorm(x, z, w, backend="triton")
+                torch.autograd.grad(y, (x, z, w), torch.randn_like(y))
+
+
 def _resource_usage(cubin: bytes):
     """(registers, stack bytes, local bytes) from cuobjdump, or None where it is not available."""
     import shutil
@@ -311,6 +328,8 @@ def _worker(out_path: str, dtypes: list[str], manual_signature: bool = False) ->
             _call_op(dtype, p, n, g, h, v)
         ctx["variant"], ctx["dtype"], ctx["stage"] = "dwconv", dtype, "cubin"
         _call_dwconv(dtype)
+        ctx["variant"] = "gated_norm"
+        _call_gated_norm(dtype)
     t_record = time.time() - t0
     _install_ptx_only_switch()
     # biggest jobs first (backward kernels, large tiles), so the pool ends evenly
@@ -449,6 +468,26 @@ def test_dwconv_kernels_compile_for_sm90(report, dtype):
     for k in kernels:
         tiles = {(r["config"]["launch"]["BLOCK_L"], r["config"]["launch"]["BLOCK_C"]) for r in rows if r["kernel"] == k}
         assert tiles == {(repr(bl), repr(bc)) for bl, bc, _ in CONFIGS}, (k, tiles)
+    problems = [f"{_fmt(r)}: {r.get('error', 'no cubin')}" for r in rows if not (r["ok"] and r.get("has_cubin"))]
+    problems += [f"{_fmt(r)}: shared {r['shared']}" for r in rows if r["ok"] and r["shared"] > SM90_MAX_SHARED]
+    problems += [f"{_fmt(r)}: {r['regs']} registers x {r['num_warps']} warps" for r in rows
+                 if r.get("regs") and -(-r["regs"] // 8) * 8 * 32 * r["num_warps"] > SM90_REGS_PER_SM]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gated_norm_kernels_compile_for_sm90(report, dtype):
+    """The gated RMSNorm kernels (launched without an autotuner): every config at d = 64 and 1024, to a cubin."""
+    from yolo_bimamba.ops.gated_norm import MAX_TILE
+    from yolo_bimamba.ops.gated_norm_kernels import CONFIGS
+
+    rows = [r for r in report["results"] if r["variant"] == "gated_norm" and r["dtype"] == dtype]
+    kernels = {"_gated_rmsnorm_fwd", "_gated_rmsnorm_bwd"}
+    assert {r["kernel"] for r in rows} == kernels
+    for k in kernels:
+        tiles = {(r["config"]["launch"]["BLOCK_R"], r["config"]["launch"]["BLOCK_D"]) for r in rows if r["kernel"] == k}
+        want = {(repr(max(1, min(br, MAX_TILE // bd))), repr(bd)) for br, _ in CONFIGS for bd in (64, 1024)}
+        assert tiles == want, (k, tiles)
     problems = [f"{_fmt(r)}: {r.get('error', 'no cubin')}" for r in rows if not (r["ok"] and r.get("has_cubin"))]
     problems += [f"{_fmt(r)}: shared {r['shared']}" for r in rows if r["ok"] and r["shared"] > SM90_MAX_SHARED]
     problems += [f"{_fmt(r)}: {r['regs']} registers x {r['num_warps']} warps" for r in rows

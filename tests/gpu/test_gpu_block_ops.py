@@ -1,6 +1,7 @@
-"""GPU tests of the fused depthwise conv1d + SiLU (yolo_bimamba.ops.dwconv) at the shapes of the detection models.
+"""GPU tests of the fused block ops at the shapes of the detection models: the depthwise conv1d + SiLU
+(yolo_bimamba.ops.dwconv) and the gated RMSNorm (yolo_bimamba.ops.gated_norm).
 
-    python -m pytest -m gpu tests/gpu/test_gpu_dwconv.py -v
+    python -m pytest -m gpu tests/gpu/test_gpu_block_ops.py -v
 
 Against float64 on random inputs, every config forced, NaN-poisoned output and gradient buffers, bitwise repeatable.
 The activations come in fp32 or bf16 with fp32 weights (what AMP hands over from the in-projection).
@@ -15,6 +16,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 from yolo_bimamba.ops import triton_op  # noqa: E402
 from yolo_bimamba.ops.dwconv import dwconv_silu, dwconv_silu_reference, force_config  # noqa: E402
 from yolo_bimamba.ops.dwconv_kernels import CONFIGS  # noqa: E402
+from yolo_bimamba.ops import gated_norm, gated_norm_kernels  # noqa: E402
 
 # (b, L, channels) of the conv in yolov8n-bimamba at 640 px, batch 32 (P3, P4, P5 layers), and an odd one
 SHAPES = {"p3": (32, 6400, 128), "p4": (32, 1600, 192), "p5": (32, 400, 320), "odd": (3, 1001, 77)}
@@ -51,5 +53,38 @@ def test_matches_float64_every_config_and_repeats(shape, dtype, cfg):
     yr = dwconv_silu_reference(*leaves)
     ref = (yr, *torch.autograd.grad(yr, leaves, dy.double()))
     for name, a, r, want in zip(("y", "du", "dweight", "dbias"), runs[0], ref, (dtype, dtype, w.dtype, w.dtype)):
+        assert a.dtype == want, name
+        assert torch.isfinite(a).all() and rel(a, r) <= TOL[dtype], f"{name}: {rel(a, r)}"
+
+
+# (b, L, d_inner) of the norm in yolov8n-bimamba at 640 px, batch 32, the widest of the s/m models, and an odd one
+NORM_SHAPES = {"p3": (32, 6400, 64), "p5": (32, 400, 256), "wide": (4, 400, 1024), "odd": (3, 1001, 77)}
+
+
+@pytest.mark.parametrize("cfg", range(len(gated_norm_kernels.CONFIGS)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", list(NORM_SHAPES), ids=list(NORM_SHAPES))
+def test_gated_norm_matches_float64_every_config_and_repeats(shape, dtype, cfg):
+    b, L, d = NORM_SHAPES[shape]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    big = torch.randn(b, L, 3 * d, device="cuda", generator=g).to(dtype)
+    z = big[:, :, d:2 * d].requires_grad_()
+    x = torch.randn(b, L, d, device="cuda", generator=g).to(dtype).requires_grad_()
+    w = (1 + 0.3 * torch.randn(d, device="cuda", generator=g)).requires_grad_()
+    dy = torch.randn(b, L, d, device="cuda", generator=g).to(dtype)
+    runs = []
+    for _ in range(2):
+        with gated_norm.force_config(cfg), triton_op.poison_outputs(True):
+            y = gated_norm.gated_rmsnorm(x, z, w, 1e-5, backend="triton")
+            grads = torch.autograd.grad(y, (x, z, w), dy)
+            torch.cuda.synchronize()
+            assert triton_op.check_guards(), "a kernel wrote outside its buffer"
+        runs.append((y, *grads))
+    for a, c in zip(*runs):
+        assert torch.equal(a, c), "not bitwise repeatable"
+    leaves = [t.detach().double().requires_grad_() for t in (x, z, w)]
+    yr = gated_norm.gated_rmsnorm_reference(*leaves, 1e-5)
+    ref = (yr, *torch.autograd.grad(yr, leaves, dy.double()))
+    for name, a, r, want in zip(("y", "dx", "dz", "dweight"), runs[0], ref, (dtype, dtype, dtype, w.dtype)):
         assert a.dtype == want, name
         assert torch.isfinite(a).all() and rel(a, r) <= TOL[dtype], f"{name}: {rel(a, r)}"

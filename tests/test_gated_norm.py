@@ -1,0 +1,122 @@
+"""The fused gated RMSNorm (yolo_bimamba.ops.gated_norm) under the Triton interpreter, against float64.
+
+Every config of gated_norm_kernels.CONFIGS is forced in turn; output and gradient buffers are NaN-poisoned (with NaN
+guard regions) so an element left unwritten or a write out of bounds fails the test.
+"""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any triton kernel module is imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from yolo_bimamba.ops import triton_op  # noqa: E402
+from yolo_bimamba.ops.gated_norm import force_config, gated_rmsnorm, gated_rmsnorm_reference  # noqa: E402
+from yolo_bimamba.ops.gated_norm_kernels import CONFIGS  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+if DEV == "cpu" and not triton_op._INTERPRET:
+    pytest.skip("no CUDA and TRITON_INTERPRET is not set", allow_module_level=True)
+
+# (b, L, d): rows not a multiple of any row block, d not a power of two, a wide d (fewer rows per program)
+SHAPES = [(2, 37, 40), (1, 5, 130), (3, 9, 3), (1, 3, 1100)]
+
+
+def rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def inputs(b, L, d, dtype):
+    big = torch.randn(b, L, 3 * d + 5, dtype=dtype, device=DEV)
+    z = big[:, :, 2:2 + d].detach().requires_grad_()  # a slice of the in-projection, as in the modules
+    x = torch.randn(b, L, d, dtype=dtype, device=DEV, requires_grad=True)
+    w = (1 + 0.3 * torch.randn(d, dtype=dtype, device=DEV)).requires_grad_()
+    return x, z, w
+
+
+def run(x, z, w, dy, cfg):
+    with force_config(cfg), triton_op.poison_outputs(True):
+        y = gated_rmsnorm(x, z, w, 1e-5, backend="triton")
+        grads = torch.autograd.grad(y, (x, z, w), dy)
+        assert triton_op.check_guards(), "a kernel wrote outside its buffer"
+    return y, grads
+
+
+@pytest.mark.parametrize("cfg", range(len(CONFIGS)))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_float64_reference_every_config(shape, dtype, cfg):
+    x, z, w = inputs(*shape, dtype)
+    dy = torch.randn(x.shape, dtype=dtype, device=DEV)
+    y, grads = run(x, z, w, dy, cfg)
+    leaves = [t.detach().double().requires_grad_() for t in (x, z, w)]
+    yr = gated_rmsnorm_reference(*leaves, 1e-5)
+    grads_r = torch.autograd.grad(yr, leaves, dy.double())
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    assert y.dtype == dtype and y.shape == x.shape
+    assert torch.isfinite(y).all() and rel(y, yr) <= tol
+    for name, g, gr in zip(("x", "z", "weight"), grads, grads_r):
+        assert g.dtype == dtype and g.shape == gr.shape, name
+        assert torch.isfinite(g).all() and rel(g, gr) <= tol, f"{name}: {rel(g, gr)}"
+
+
+def test_gradcheck_float64():
+    x, z, w = inputs(2, 5, 6, torch.float64)
+    with force_config(1):
+        assert torch.autograd.gradcheck(lambda *t: gated_rmsnorm(*t, 1e-5, backend="triton"), (x, z, w),
+                                        fast_mode=True)
+
+
+def test_repeatable_bitwise():
+    x, z, w = inputs(3, 50, 64, torch.float32)
+    dy = torch.randn(x.shape, device=DEV)
+    first, second = run(x, z, w, dy, 0), run(x, z, w, dy, 0)
+    for a, b in zip((first[0], *first[1]), (second[0], *second[1])):
+        assert torch.equal(a, b)
+
+
+def test_zero_rows_and_large_gates_stay_finite():
+    x, z, w = inputs(1, 6, 16, torch.float32)
+    with torch.no_grad():
+        x[0, :2] = 0.0  # rows of zeros: rstd = 1/sqrt(eps), no 0/0
+        z.mul_(100.0)
+    y, grads = run(x, z, w, torch.randn(x.shape, device=DEV), 2)
+    assert torch.isfinite(y).all() and all(torch.isfinite(g).all() for g in grads)
+
+
+def test_bad_input_names_the_argument(monkeypatch):
+    x = torch.randn(2, 3, 4)
+    with pytest.raises(ValueError, match=r"z must have the shape of x \(2, 3, 4\)"):
+        gated_rmsnorm(x, torch.randn(2, 3, 5), torch.ones(4))
+    with pytest.raises(ValueError, match=r"weight must have shape \(4,\)"):
+        gated_rmsnorm(x, x, torch.ones(5))
+    with pytest.raises(ValueError, match="x must be float16"):
+        gated_rmsnorm(x.int(), x, torch.ones(4))
+    with pytest.raises(ValueError, match="backend"):
+        gated_rmsnorm(x, x, torch.ones(4), backend="cuda")
+    from yolo_bimamba.ops import gated_norm
+
+    assert gated_norm._triton_ok()
+    monkeypatch.setenv("YOLO_BIMAMBA_FUSED_NORM", "0")
+    assert not gated_norm._triton_ok()
+
+
+def test_module_uses_it_and_matches_its_expression():
+    """RMSNormGated with backend "triton" equals its PyTorch form (norm after the gate), and the other form
+    (norm before the gate) is unchanged."""
+    from yolo_bimamba.nn.norm import RMSNormGated
+
+    x, z, _ = inputs(2, 11, 24, torch.float64)
+    m = RMSNormGated(24).double().to(DEV)
+    with torch.no_grad():
+        m.weight.normal_()
+    m.backend = "torch"
+    ref = m(x, z)
+    m.backend = "triton"
+    assert rel(m(x, z), ref) <= 1e-12
+    before = RMSNormGated(24, norm_before_gate=True).double().to(DEV)
+    want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * torch.nn.functional.silu(z)
+    assert rel(before(x, z), want) <= 1e-6  # this form computes in fp32, as before

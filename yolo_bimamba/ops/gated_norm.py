@@ -1,0 +1,136 @@
+"""Gated RMSNorm, norm after the gate (Mamba2 / Hydra): ``rmsnorm(x * silu(z)) * weight`` over the last dim, in fp32.
+
+``gated_rmsnorm(x, z, weight, eps)`` equals :func:`gated_rmsnorm_reference` (the PyTorch expression of
+``nn.RMSNormGated``). On CUDA it runs one Triton kernel forward and one backward (ops.gated_norm_kernels) instead of
+about ten elementwise and reduction kernels over fp32 copies; elsewhere (CPU, tracing, export) it is the expression.
+``YOLO_BIMAMBA_FUSED_NORM=0`` turns the kernels off.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.nn.functional as F
+
+_FORCED: list = [None]
+MAX_TILE = 8192  # rows x padded channels per program
+
+
+@contextlib.contextmanager
+def force_config(index: int | None):
+    """Every launch inside the block uses config ``index`` of ``gated_norm_kernels.CONFIGS``."""
+    old = _FORCED[0]
+    _FORCED[0] = index
+    try:
+        yield
+    finally:
+        _FORCED[0] = old
+
+
+def gated_rmsnorm_reference(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32  # fp32 at least, as the kernels
+    g = x.to(ct) * F.silu(z.to(ct))
+    return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps) * weight.to(ct)).to(x.dtype)
+
+
+def validate_gated_rmsnorm(x, z, weight) -> None:
+    if not all(isinstance(t, torch.Tensor) for t in (x, z, weight)):
+        raise ValueError("gated_rmsnorm: x, z and weight must be tensors")
+    if x.dim() < 1 or tuple(z.shape) != tuple(x.shape):
+        raise ValueError(f"gated_rmsnorm: z must have the shape of x {tuple(x.shape)}, got {tuple(z.shape)}")
+    if tuple(weight.shape) != (x.shape[-1],):
+        raise ValueError(f"gated_rmsnorm: weight must have shape ({x.shape[-1]},), got {tuple(weight.shape)}")
+    floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    for name, t in (("x", x), ("z", z), ("weight", weight)):
+        if t.dtype not in floats:
+            raise ValueError(f"gated_rmsnorm: {name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"gated_rmsnorm: {name} is on {t.device}, x on {x.device}")
+
+
+def _triton_ok() -> bool:
+    if os.environ.get("YOLO_BIMAMBA_FUSED_NORM", "1") == "0":
+        return False
+    if torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export():
+        return False
+    try:
+        from . import gated_norm_kernels  # noqa: F401
+    except Exception:  # noqa: BLE001 - no Triton
+        return False
+    return True
+
+
+def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, *,
+                  backend: str = "auto") -> torch.Tensor:
+    """rmsnorm(x * silu(z)) * weight in fp32, returned in x's dtype. backend: "auto" (Triton on CUDA), "torch",
+    "triton"."""
+    validate_gated_rmsnorm(x, z, weight)
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"gated_rmsnorm: backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    if backend == "torch" or (backend == "auto" and not (x.is_cuda and _triton_ok())):
+        return gated_rmsnorm_reference(x, z, weight, eps)
+    return _GatedRMSNorm.apply(x, z, weight, float(eps))
+
+
+def _launch_shape(D: int):
+    from .gated_norm_kernels import CONFIGS, block_d
+
+    bd = block_d(D)
+    idx = _FORCED[0] if _FORCED[0] is not None else 0
+    rows, warps = CONFIGS[idx]
+    return max(1, min(rows, MAX_TILE // bd)), bd, warps
+
+
+def _rows_view(t: torch.Tensor, D: int):
+    """(rows, D) view with unit channel stride and one row stride, or a contiguous copy."""
+    t2 = t.reshape(-1, D) if t.dim() != 2 else t
+    if t2.stride(-1) != 1 or (t2.shape[0] > 1 and t2.stride(0) < D):
+        t2 = t2.contiguous()
+    return t2
+
+
+class _GatedRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, z, weight, eps):
+        from .gated_norm_kernels import _gated_rmsnorm_fwd
+        from .triton_op import _alloc
+
+        D = x.shape[-1]
+        x2 = x.reshape(-1, D).contiguous()
+        z2 = _rows_view(z, D)
+        R = x2.shape[0]
+        br, bd, nw = _launch_shape(D)
+        comp = _compute(x.dtype)
+        out = _alloc((R, D), x.dtype, x.device)
+        rstd = _alloc((R,), torch.float64 if x.dtype == torch.float64 else torch.float32, x.device)
+        _gated_rmsnorm_fwd[(-(-R // br),)](x2, z2, weight, out, rstd, R, D, z2.stride(0), eps, COMPUTE=comp,
+                                           BLOCK_R=br, BLOCK_D=bd, num_warps=nw)
+        ctx.save_for_backward(x2, z2, weight, rstd)
+        ctx.shapes = (x.shape, z.dtype)
+        return out.view(x.shape)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        from .gated_norm_kernels import _gated_rmsnorm_bwd
+        from .triton_op import _alloc
+
+        x2, z2, weight, rstd = ctx.saved_tensors
+        shape, zdtype = ctx.shapes
+        R, D = x2.shape
+        br, bd, nw = _launch_shape(D)
+        nprog = -(-R // br)
+        dout2 = dout.reshape(R, D).contiguous()
+        dx = _alloc((R, D), x2.dtype, x2.device)
+        dz = _alloc((R, D), zdtype, x2.device)
+        dw_part = _alloc((nprog, D), rstd.dtype, x2.device)
+        _gated_rmsnorm_bwd[(nprog,)](x2, z2, weight, rstd, dout2, dx, dz, dw_part, R, D, z2.stride(0),
+                                     COMPUTE=_compute(x2.dtype), BLOCK_R=br, BLOCK_D=bd, num_warps=nw)
+        return dx.view(shape), dz.view(shape), dw_part.sum(0).to(weight.dtype), None
+
+
+def _compute(dtype):
+    import triton.language as tl
+
+    return tl.float64 if dtype == torch.float64 else tl.float32
