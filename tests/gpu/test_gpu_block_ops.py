@@ -13,7 +13,7 @@ import torch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-from yolo_bimamba.ops import triton_op  # noqa: E402
+from fused_ops_check import check_against_float64, poisoned_run  # noqa: E402
 from yolo_bimamba.ops.dwconv import dwconv_silu, dwconv_silu_reference, force_config  # noqa: E402
 from yolo_bimamba.ops.dwconv_kernels import CONFIGS  # noqa: E402
 from yolo_bimamba.ops import gated_norm, gated_norm_kernels  # noqa: E402
@@ -23,9 +23,12 @@ SHAPES = {"p3": (32, 6400, 128), "p4": (32, 1600, 192), "p5": (32, 400, 320), "o
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
-def rel(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+def run_twice(op, leaves, dy, force_config, cfg):
+    """Two poisoned runs of op and its gradients, which must be bitwise equal; the first one."""
+    first, second = (poisoned_run(op, leaves, dy, force_config, cfg) for _ in range(2))
+    for a, c in zip(first, second):
+        assert torch.equal(a, c), "not bitwise repeatable"
+    return first
 
 
 @pytest.mark.parametrize("cfg", range(len(CONFIGS)))
@@ -39,22 +42,9 @@ def test_matches_float64_every_config_and_repeats(shape, dtype, cfg):
     w = (torch.randn(C, 1, 7, device="cuda", generator=g) / 7 ** 0.5).requires_grad_()
     bias = torch.randn(C, device="cuda", generator=g).requires_grad_()
     dy = torch.randn(b, L, C, device="cuda", generator=g).to(dtype)
-    runs = []
-    for _ in range(2):
-        with force_config(cfg), triton_op.poison_outputs(True):
-            y = dwconv_silu(u, w, bias, backend="triton")
-            grads = torch.autograd.grad(y, (u, w, bias), dy)
-            torch.cuda.synchronize()
-            assert triton_op.check_guards(), "a kernel wrote outside its buffer"
-        runs.append((y, *grads))
-    for a, c in zip(*runs):
-        assert torch.equal(a, c), "not bitwise repeatable"
-    leaves = [t.detach().double().requires_grad_() for t in (u, w, bias)]
-    yr = dwconv_silu_reference(*leaves)
-    ref = (yr, *torch.autograd.grad(yr, leaves, dy.double()))
-    for name, a, r, want in zip(("y", "du", "dweight", "dbias"), runs[0], ref, (dtype, dtype, w.dtype, w.dtype)):
-        assert a.dtype == want, name
-        assert torch.isfinite(a).all() and rel(a, r) <= TOL[dtype], f"{name}: {rel(a, r)}"
+    got = run_twice(lambda *t: dwconv_silu(*t, backend="triton"), (u, w, bias), dy, force_config, cfg)
+    check_against_float64(got, dwconv_silu_reference, (u, w, bias), dy, ("y", "du", "dweight", "dbias"), TOL[dtype],
+                          (dtype, dtype, w.dtype, w.dtype))
 
 
 # (b, L, d_inner) of the norm in yolov8n-bimamba at 640 px, batch 32, the widest of the s/m models, and an odd one
@@ -72,19 +62,7 @@ def test_gated_norm_matches_float64_every_config_and_repeats(shape, dtype, cfg):
     x = torch.randn(b, L, d, device="cuda", generator=g).to(dtype).requires_grad_()
     w = (1 + 0.3 * torch.randn(d, device="cuda", generator=g)).requires_grad_()
     dy = torch.randn(b, L, d, device="cuda", generator=g).to(dtype)
-    runs = []
-    for _ in range(2):
-        with gated_norm.force_config(cfg), triton_op.poison_outputs(True):
-            y = gated_norm.gated_rmsnorm(x, z, w, 1e-5, backend="triton")
-            grads = torch.autograd.grad(y, (x, z, w), dy)
-            torch.cuda.synchronize()
-            assert triton_op.check_guards(), "a kernel wrote outside its buffer"
-        runs.append((y, *grads))
-    for a, c in zip(*runs):
-        assert torch.equal(a, c), "not bitwise repeatable"
-    leaves = [t.detach().double().requires_grad_() for t in (x, z, w)]
-    yr = gated_norm.gated_rmsnorm_reference(*leaves, 1e-5)
-    ref = (yr, *torch.autograd.grad(yr, leaves, dy.double()))
-    for name, a, r, want in zip(("y", "dx", "dz", "dweight"), runs[0], ref, (dtype, dtype, dtype, w.dtype)):
-        assert a.dtype == want, name
-        assert torch.isfinite(a).all() and rel(a, r) <= TOL[dtype], f"{name}: {rel(a, r)}"
+    got = run_twice(lambda *t: gated_norm.gated_rmsnorm(*t, 1e-5, backend="triton"), (x, z, w), dy,
+                    gated_norm.force_config, cfg)
+    check_against_float64(got, lambda *t: gated_norm.gated_rmsnorm_reference(*t, 1e-5), (x, z, w), dy,
+                          ("y", "dx", "dz", "dweight"), TOL[dtype], (dtype, dtype, dtype, w.dtype))

@@ -11,24 +11,14 @@ Triton) it is that PyTorch expression, so exported models contain a plain Conv1d
 """
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 import torch.nn.functional as F
 
-_FORCED: list = [None]  # tests: index into dwconv_kernels.CONFIGS used by every launch
+from .fused_switch import ForcedConfig, compute_dtype, triton_usable
 
 
-@contextlib.contextmanager
-def force_config(index: int | None):
-    """Every launch inside the block uses config ``index`` of ``dwconv_kernels.CONFIGS``."""
-    old = _FORCED[0]
-    _FORCED[0] = index
-    try:
-        yield
-    finally:
-        _FORCED[0] = old
+
+force_config = ForcedConfig()  # tests: ``with force_config(i):`` every launch uses config i of CONFIGS
 
 
 def dwconv_silu_reference(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -55,15 +45,7 @@ def validate_dwconv(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 
 def _triton_ok(u: torch.Tensor) -> bool:
-    if os.environ.get("YOLO_BIMAMBA_FUSED_CONV", "1") == "0":  # escape hatch, and A/B benchmarks
-        return False
-    if torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export():
-        return False
-    try:
-        from . import dwconv_kernels  # noqa: F401
-    except Exception:  # noqa: BLE001 - no Triton
-        return False
-    return True
+    return triton_usable("YOLO_BIMAMBA_FUSED_CONV", "yolo_bimamba.ops.dwconv_kernels")
 
 
 def dwconv_silu(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -84,15 +66,11 @@ def dwconv_silu(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def _config(L: int, C: int):
     from .dwconv_kernels import CONFIGS
 
-    if _FORCED[0] is not None:
-        return CONFIGS[_FORCED[0]]
+    if force_config.index is not None:
+        return CONFIGS[force_config.index]
     return CONFIGS[0] if C > 32 else CONFIGS[1]  # narrow layers: longer row blocks
 
 
-def _compute(dtype):
-    import triton.language as tl
-
-    return tl.float64 if dtype == torch.float64 else tl.float32
 
 
 class _DWConvSiLU(torch.autograd.Function):
@@ -110,7 +88,7 @@ class _DWConvSiLU(torch.autograd.Function):
         y = _alloc((b, L, C), u.dtype, u.device)
         grid = (b, -(-L // bl), -(-C // bc))
         _dwconv_silu_fwd[grid](u, w, bias if bias is not None else w, y, L, C, u.stride(0), u.stride(1),
-                               K=K, HAS_BIAS=bias is not None, COMPUTE=_compute(u.dtype), BLOCK_L=bl, BLOCK_C=bc,
+                               K=K, HAS_BIAS=bias is not None, COMPUTE=compute_dtype(u.dtype), BLOCK_L=bl, BLOCK_C=bc,
                                num_warps=nw)
         ctx.save_for_backward(u, w, bias)
         ctx.weight_shape = weight.shape
@@ -129,7 +107,7 @@ class _DWConvSiLU(torch.autograd.Function):
         bl, bc, nw = _config(L, C)
         nlb = -(-L // bl)
         grid = (b, nlb, -(-C // bc))
-        comp = _compute(u.dtype)
+        comp = compute_dtype(u.dtype)
         acc = torch.float64 if u.dtype == torch.float64 else torch.float32
         gp = _alloc((b, L, C), acc, u.device)
         dbias_part = _alloc((b * nlb, C), acc, u.device) if bias is not None else gp
@@ -143,4 +121,3 @@ class _DWConvSiLU(torch.autograd.Function):
         dw = dw_part.sum(0).t().reshape(ctx.weight_shape).to(w.dtype)
         dbias = dbias_part.sum(0).to(bias.dtype) if bias is not None else None
         return du, dw, dbias
-

@@ -35,14 +35,20 @@ def _pre_tile(u_ptr, w_ptr, bias_ptr, u_off, rows, cols, mcol, L, su_l, K: tl.co
 
 
 @triton.jit
+def _tile(L, Cn, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's batch index, partial-sum slot, rows, channels and their masks."""
+    pid_b = tl.program_id(0).to(tl.int64)
+    pid_l = tl.program_id(1)
+    rows = pid_l * BLOCK_L + tl.arange(0, BLOCK_L)
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    return pid_b, pid_b * tl.num_programs(1) + pid_l, rows, cols, rows < L, cols < Cn
+
+
+@triton.jit
 def _dwconv_silu_fwd(u_ptr, w_ptr, bias_ptr, y_ptr, L, Cn, su_b, su_l,
                      K: tl.constexpr, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr,
                      BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
-    pid_b = tl.program_id(0).to(tl.int64)
-    rows = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)
-    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mrow = rows < L
-    mcol = cols < Cn
+    pid_b, _part, rows, cols, mrow, mcol = _tile(L, Cn, BLOCK_L, BLOCK_C)
     pre = _pre_tile(u_ptr, w_ptr, bias_ptr, pid_b * su_b, rows, cols, mcol, L, su_l, K, HAS_BIAS, COMPUTE,
                     BLOCK_L, BLOCK_C)
     y = pre / (1.0 + tl.exp(-pre))
@@ -55,12 +61,7 @@ def _dwconv_silu_fwd(u_ptr, w_ptr, bias_ptr, y_ptr, L, Cn, su_b, su_l,
 def _dwconv_silu_bwd_pre(u_ptr, w_ptr, bias_ptr, dy_ptr, gp_ptr, dbias_part_ptr, L, Cn, su_b, su_l,
                          K: tl.constexpr, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr,
                          BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
-    pid_b = tl.program_id(0).to(tl.int64)
-    pid_l = tl.program_id(1)
-    rows = pid_l * BLOCK_L + tl.arange(0, BLOCK_L)
-    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mrow = rows < L
-    mcol = cols < Cn
+    pid_b, part, rows, cols, mrow, mcol = _tile(L, Cn, BLOCK_L, BLOCK_C)
     m = mrow[:, None] & mcol[None, :]
     pre = _pre_tile(u_ptr, w_ptr, bias_ptr, pid_b * su_b, rows, cols, mcol, L, su_l, K, HAS_BIAS, COMPUTE,
                     BLOCK_L, BLOCK_C)
@@ -70,25 +71,18 @@ def _dwconv_silu_bwd_pre(u_ptr, w_ptr, bias_ptr, dy_ptr, gp_ptr, dbias_part_ptr,
     gp = tl.where(m, dy * s * (1.0 + pre * (1.0 - s)), 0.0)
     tl.store(gp_ptr + off, gp, mask=m)
     if HAS_BIAS:
-        part = pid_b * tl.num_programs(1) + pid_l
         tl.store(dbias_part_ptr + part * Cn + cols, tl.sum(gp, 0), mask=mcol)
 
 
 @triton.jit
 def _dwconv_silu_bwd_in(u_ptr, w_ptr, gp_ptr, du_ptr, dw_part_ptr, L, Cn, su_b, su_l,
                         K: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
-    pid_b = tl.program_id(0).to(tl.int64)
-    pid_l = tl.program_id(1)
-    rows = pid_l * BLOCK_L + tl.arange(0, BLOCK_L)
-    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mrow = rows < L
-    mcol = cols < Cn
+    pid_b, part, rows, cols, mrow, mcol = _tile(L, Cn, BLOCK_L, BLOCK_C)
     g_base = gp_ptr + pid_b * L * Cn
     u_base = u_ptr + pid_b * su_b
     gp = tl.load(g_base + rows[:, None].to(tl.int64) * Cn + cols[None, :], mask=mrow[:, None] & mcol[None, :],
                  other=0.0).to(COMPUTE)
     du = tl.zeros((BLOCK_L, BLOCK_C), dtype=COMPUTE)
-    part = pid_b * tl.num_programs(1) + pid_l
     for j in tl.static_range(K):
         wj = tl.load(w_ptr + cols * K + j, mask=mcol, other=0.0).to(COMPUTE)
         # input row t feeds output rows t - j + K // 2

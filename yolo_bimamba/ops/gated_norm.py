@@ -7,25 +7,15 @@ about ten elementwise and reduction kernels over fp32 copies; elsewhere (CPU, tr
 """
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 import torch.nn.functional as F
 
-_FORCED: list = [None]
+from .fused_switch import ForcedConfig, compute_dtype, triton_usable
+
 MAX_TILE = 8192  # rows x padded channels per program
 
 
-@contextlib.contextmanager
-def force_config(index: int | None):
-    """Every launch inside the block uses config ``index`` of ``gated_norm_kernels.CONFIGS``."""
-    old = _FORCED[0]
-    _FORCED[0] = index
-    try:
-        yield
-    finally:
-        _FORCED[0] = old
+force_config = ForcedConfig()  # tests: ``with force_config(i):`` every launch uses config i of CONFIGS
 
 
 def gated_rmsnorm_reference(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -50,15 +40,7 @@ def validate_gated_rmsnorm(x, z, weight) -> None:
 
 
 def _triton_ok() -> bool:
-    if os.environ.get("YOLO_BIMAMBA_FUSED_NORM", "1") == "0":
-        return False
-    if torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export():
-        return False
-    try:
-        from . import gated_norm_kernels  # noqa: F401
-    except Exception:  # noqa: BLE001 - no Triton
-        return False
-    return True
+    return triton_usable("YOLO_BIMAMBA_FUSED_NORM", "yolo_bimamba.ops.gated_norm_kernels")
 
 
 def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, *,
@@ -77,7 +59,7 @@ def _launch_shape(D: int):
     from .gated_norm_kernels import CONFIGS, block_d
 
     bd = block_d(D)
-    idx = _FORCED[0] if _FORCED[0] is not None else 0
+    idx = force_config.index if force_config.index is not None else 0
     rows, warps = CONFIGS[idx]
     return max(1, min(rows, MAX_TILE // bd)), bd, warps
 
@@ -101,7 +83,7 @@ class _GatedRMSNorm(torch.autograd.Function):
         z2 = _rows_view(z, D)
         R = x2.shape[0]
         br, bd, nw = _launch_shape(D)
-        comp = _compute(x.dtype)
+        comp = compute_dtype(x.dtype)
         out = _alloc((R, D), x.dtype, x.device)
         rstd = _alloc((R,), torch.float64 if x.dtype == torch.float64 else torch.float32, x.device)
         _gated_rmsnorm_fwd[(-(-R // br),)](x2, z2, weight, out, rstd, R, D, z2.stride(0), eps, COMPUTE=comp,
@@ -126,11 +108,5 @@ class _GatedRMSNorm(torch.autograd.Function):
         dz = _alloc((R, D), zdtype, x2.device)
         dw_part = _alloc((nprog, D), rstd.dtype, x2.device)
         _gated_rmsnorm_bwd[(nprog,)](x2, z2, weight, rstd, dout2, dx, dz, dw_part, R, D, z2.stride(0),
-                                     COMPUTE=_compute(x2.dtype), BLOCK_R=br, BLOCK_D=bd, num_warps=nw)
+                                     COMPUTE=compute_dtype(x2.dtype), BLOCK_R=br, BLOCK_D=bd, num_warps=nw)
         return dx.view(shape), dz.view(shape), dw_part.sum(0).to(weight.dtype), None
-
-
-def _compute(dtype):
-    import triton.language as tl
-
-    return tl.float64 if dtype == torch.float64 else tl.float32

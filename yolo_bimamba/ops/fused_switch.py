@@ -1,0 +1,46 @@
+"""What the fused block ops (ops.dwconv, ops.gated_norm) share: forcing one of a kernel's configs (tests), and the
+decision whether "auto" may launch Triton kernels."""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+
+class ForcedConfig:
+    """Index of the config every launch uses, or None (the op's own choice); ``with forced(i):`` sets it."""
+
+    def __init__(self):
+        self.index = None
+
+    @contextlib.contextmanager
+    def __call__(self, index: int | None):
+        old, self.index = self.index, index
+        try:
+            yield
+        finally:
+            self.index = old
+
+
+def triton_usable(env_var: str, kernels_module: str) -> bool:
+    """"auto" may run the kernels: not switched off by ``env_var=0``, not tracing, scripting or exporting, and the
+    kernel module (hence Triton) imports."""
+    if os.environ.get(env_var, "1") == "0":
+        return False
+    if torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export():
+        return False
+    try:
+        import importlib
+
+        importlib.import_module(kernels_module)
+    except Exception:  # noqa: BLE001 - no Triton, or it failed to import
+        return False
+    return True
+
+
+def compute_dtype(dtype: torch.dtype):
+    """The kernels' arithmetic type: fp64 for fp64 inputs (tests against float64), else fp32."""
+    import triton.language as tl
+
+    return tl.float64 if dtype == torch.float64 else tl.float32
