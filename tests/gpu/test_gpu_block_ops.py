@@ -13,14 +13,14 @@ import torch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-from fused_ops_check import check_against_float64, poisoned_run  # noqa: E402
+from fused_ops_check import check_against_float64, poisoned_run, rel  # noqa: E402
 from yolo_bimamba.ops.dwconv import dwconv_silu, dwconv_silu_reference, force_config  # noqa: E402
 from yolo_bimamba.ops.dwconv_kernels import CONFIGS  # noqa: E402
 from yolo_bimamba.ops import gated_norm, gated_norm_kernels  # noqa: E402
 
 # (b, L, channels) of the conv in yolov8n-bimamba at 640 px, batch 32 (P3, P4, P5 layers), and an odd one
 SHAPES = {"p3": (32, 6400, 128), "p4": (32, 1600, 192), "p5": (32, 400, 320), "odd": (3, 1001, 77)}
-TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 5e-3}
 
 
 def run_twice(op, leaves, dy, force_config, cfg):
@@ -32,7 +32,7 @@ def run_twice(op, leaves, dy, force_config, cfg):
 
 
 @pytest.mark.parametrize("cfg", range(len(CONFIGS)))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
 def test_matches_float64_every_config_and_repeats(shape, dtype, cfg):
     b, L, C = SHAPES[shape]
@@ -52,7 +52,7 @@ NORM_SHAPES = {"p3": (32, 6400, 64), "p5": (32, 400, 256), "wide": (4, 400, 1024
 
 
 @pytest.mark.parametrize("cfg", range(len(gated_norm_kernels.CONFIGS)))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("shape", list(NORM_SHAPES), ids=list(NORM_SHAPES))
 def test_gated_norm_matches_float64_every_config_and_repeats(shape, dtype, cfg):
     b, L, d = NORM_SHAPES[shape]
@@ -66,3 +66,26 @@ def test_gated_norm_matches_float64_every_config_and_repeats(shape, dtype, cfg):
                     gated_norm.force_config, cfg)
     check_against_float64(got, lambda *t: gated_norm.gated_rmsnorm_reference(*t, 1e-5), (x, z, w), dy,
                           ("y", "dx", "dz", "dweight"), TOL[dtype], (dtype, dtype, dtype, w.dtype))
+
+
+def test_modules_run_the_fused_ops_on_cuda(monkeypatch):
+    """backend "auto" on CUDA: BiMamba2's conv and norm go through the kernels (spied on), and the result equals the
+    PyTorch expressions (YOLO_BIMAMBA_FUSED_CONV=0 / YOLO_BIMAMBA_FUSED_NORM=0) under bf16 autocast."""
+    from yolo_bimamba.nn.bimamba2 import BiMamba2
+    from yolo_bimamba.ops import dwconv
+
+    calls = []
+    for fn in (dwconv._DWConvSiLU, gated_norm._GatedRMSNorm):
+        orig = fn.apply
+        monkeypatch.setattr(fn, "apply", lambda *a, _o=orig, _n=fn.__name__: calls.append(_n) or _o(*a))
+    torch.manual_seed(0)
+    m = BiMamba2(64, d_state=32, headdim=32).cuda().train()
+    x = torch.randn(4, 300, 64, device="cuda")
+    outs = []
+    for on in ("1", "0"):
+        monkeypatch.setenv("YOLO_BIMAMBA_FUSED_CONV", on)
+        monkeypatch.setenv("YOLO_BIMAMBA_FUSED_NORM", on)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            outs.append(m(x).float())
+    assert calls == ["_DWConvSiLU", "_GatedRMSNorm"], calls
+    assert rel(outs[0], outs[1]) <= 2e-2
