@@ -122,3 +122,19 @@ def test_auto_backend_and_its_switch(monkeypatch):
     monkeypatch.delenv("YOLO_BIMAMBA_FUSED_CONV")
     dwconv_silu(torch.randn(1, 4, 3), torch.randn(3, 1, 3), None)  # CPU tensor: the PyTorch expression
     assert calls == []
+
+
+def test_graph_tracing_is_seen_by_every_tracer():
+    """The fused ops and the SSD op's "auto" fall back to their PyTorch expressions while a graph is traced: jit.trace
+    (TorchScript export), torch.export (which the dynamo ONNX exporter uses) and torch.compile."""
+    from yolo_bimamba.ops.fused_switch import graph_tracing
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            return x + 1.0 if graph_tracing() else x - 1.0
+
+    x = torch.zeros(2)
+    assert torch.equal(Probe()(x), x - 1.0)
+    assert torch.equal(torch.jit.trace(Probe(), (x,))(x), x + 1.0)
+    assert torch.equal(torch.export.export(Probe(), (x,)).module()(x), x + 1.0)
+    assert torch.equal(torch.compile(Probe(), backend="eager")(x), x + 1.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from .chunked import bi_ssd_torch
+from .fused_switch import graph_tracing
 from .validate import triton_dims_supported, validate_bi_ssd
 
 
@@ -16,10 +17,10 @@ def _triton_available() -> bool:
 
 
 def auto_picks_triton(headdim: int, dstate: int, dtype: torch.dtype) -> bool:
-    """backend="auto" on CUDA tensors: the Triton kernels unless tracing or exporting, Triton is missing, or the
-    sizes are beyond what the kernels take (then the PyTorch op, which takes any size)."""
-    return (not torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export() and _triton_available()
-            and triton_dims_supported(headdim, dstate, dtype))
+    """backend="auto" on CUDA tensors: the Triton kernels unless a graph is traced or exported (TorchScript, ONNX,
+    torch.export, torch.compile), Triton is missing, or the sizes are beyond what the kernels take (then the PyTorch
+    op, which takes any size)."""
+    return not graph_tracing() and _triton_available() and triton_dims_supported(headdim, dstate, dtype)
 
 
 def bi_ssd(

@@ -23,12 +23,20 @@ class ForcedConfig:
             self.index = old
 
 
-def triton_usable(env_var: str, kernels_module: str) -> bool:
-    """"auto" may run the kernels: not switched off by ``env_var=0``, not tracing, scripting or exporting, and the
-    kernel module (hence Triton) imports."""
-    if os.environ.get(env_var, "1") == "0":
-        return False
+def graph_tracing() -> bool:
+    """True while a graph is being traced or exported (TorchScript, the ONNX exporters, torch.export, torch.compile):
+    then the modules take their PyTorch expressions, which every exporter understands."""
     if torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export():
+        return True
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and any(getattr(compiler, f, lambda: False)()
+                                             for f in ("is_compiling", "is_exporting")))
+
+
+def triton_usable(env_var: str, kernels_module: str) -> bool:
+    """"auto" may run the kernels: not switched off by ``env_var=0``, no graph being traced or exported, and the
+    kernel module (hence Triton) imports."""
+    if os.environ.get(env_var, "1") == "0" or graph_tracing():
         return False
     try:
         import importlib
