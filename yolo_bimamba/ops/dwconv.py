@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from .fused_switch import ForcedConfig, compute_dtype, triton_usable
 
 
-
 force_config = ForcedConfig()  # tests: ``with force_config(i):`` every launch uses config i of CONFIGS
 
 
@@ -69,8 +68,6 @@ def _config(L: int, C: int):
     if force_config.index is not None:
         return CONFIGS[force_config.index]
     return CONFIGS[0] if C > 32 else CONFIGS[1]  # narrow layers: longer row blocks
-
-
 
 
 class _DWConvSiLU(torch.autograd.Function):
