@@ -113,10 +113,9 @@ def test_auto_backend_and_its_switch(monkeypatch):
     """"auto" runs the kernels on CUDA only; YOLO_BIMAMBA_FUSED_CONV=0 turns them off there."""
     from yolo_bimamba.ops import dwconv
 
-    u = torch.randn(1, 4, 3, device=DEV)
-    assert dwconv._triton_ok(u)
+    assert dwconv._triton_ok()
     monkeypatch.setenv("YOLO_BIMAMBA_FUSED_CONV", "0")
-    assert not dwconv._triton_ok(u)
+    assert not dwconv._triton_ok()
     calls = []
     monkeypatch.setattr(dwconv._DWConvSiLU, "apply", lambda *a: calls.append(a))
     monkeypatch.delenv("YOLO_BIMAMBA_FUSED_CONV")
@@ -138,3 +137,22 @@ def test_graph_tracing_is_seen_by_every_tracer():
     assert torch.equal(torch.jit.trace(Probe(), (x,))(x), x + 1.0)
     assert torch.equal(torch.export.export(Probe(), (x,)).module()(x), x + 1.0)
     assert torch.equal(torch.compile(Probe(), backend="eager")(x), x + 1.0)
+
+
+def test_triton_usable_is_the_one_auto_switch(monkeypatch):
+    """bi_ssd, dwconv_silu and gated_rmsnorm take their "auto" decision from fused_switch.triton_usable: the kernel
+    module must import, no graph may be traced, and an op's own switch (when it has one) must not be 0."""
+    import importlib
+
+    from yolo_bimamba.ops import fused_switch
+
+    bi_ssd_mod = importlib.import_module("yolo_bimamba.ops.bi_ssd")  # the module (the package exports the function)
+
+    assert fused_switch.triton_usable("yolo_bimamba.ops.triton_op")
+    assert bi_ssd_mod.auto_picks_triton(64, 64, torch.float32)
+    assert not fused_switch.triton_usable("yolo_bimamba.ops.no_such_kernels")
+    monkeypatch.setenv("YOLO_BIMAMBA_FUSED_CONV", "0")
+    assert fused_switch.triton_usable("yolo_bimamba.ops.triton_op")  # the SSD op has no such switch
+    monkeypatch.setattr(fused_switch, "graph_tracing", lambda: True)
+    assert not fused_switch.triton_usable("yolo_bimamba.ops.triton_op")
+    assert not bi_ssd_mod.auto_picks_triton(64, 64, torch.float32)

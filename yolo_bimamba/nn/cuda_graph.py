@@ -13,7 +13,8 @@ copies of the output and the gradients, so nothing the caller keeps (``.grad`` a
 output) aliases a buffer that the next replay overwrites.
 
 The eager layer is used instead whenever a replay could differ from it or could not be captured:
-- not CUDA, not training, gradients off, or inside another capture, ``torch.jit`` or ``torch.compile``;
+- not CUDA, not training, gradients off, or inside another capture or a traced or exported graph (``torch.jit``,
+  ONNX export, ``torch.export``, ``torch.compile``: ops.fused_switch.graph_tracing);
 - any module hook on the layer or global module hook (they may run host code, e.g. ``nan_debug``'s checks);
 - a parameter that does not require a gradient (frozen layers);
 - the previous replay of the same graph still waits for its backward (the layer called twice in one step): a second
@@ -31,6 +32,8 @@ import weakref
 
 import torch
 from torch import nn
+
+from ..ops.fused_switch import graph_tracing
 
 __all__ = ["run", "enabled", "graphed_shapes", "summary", "MAX_SHAPES"]
 
@@ -76,9 +79,7 @@ def _hooked(layer: nn.Module) -> bool:
 def _usable(layer: nn.Module, x: torch.Tensor, params) -> bool:
     if not (enabled() and x.is_cuda and layer.training and torch.is_grad_enabled()):
         return False
-    if torch.jit.is_scripting() or torch.jit.is_tracing() or torch.cuda.is_current_stream_capturing():
-        return False
-    if hasattr(torch, "compiler") and torch.compiler.is_compiling():
+    if graph_tracing() or torch.cuda.is_current_stream_capturing():
         return False
     if not params or not all(p.requires_grad and p.device == x.device for p in params):
         return False

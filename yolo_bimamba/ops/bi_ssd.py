@@ -4,23 +4,15 @@ from __future__ import annotations
 import torch
 
 from .chunked import bi_ssd_torch
-from .fused_switch import graph_tracing
+from .fused_switch import triton_usable
 from .validate import triton_dims_supported, validate_bi_ssd
-
-
-def _triton_available() -> bool:
-    try:
-        from . import triton_op  # noqa: F401
-    except Exception:  # noqa: BLE001 - no triton, or it failed to import
-        return False
-    return True
 
 
 def auto_picks_triton(headdim: int, dstate: int, dtype: torch.dtype) -> bool:
     """backend="auto" on CUDA tensors: the Triton kernels unless a graph is traced or exported (TorchScript, ONNX,
     torch.export, torch.compile), Triton is missing, or the sizes are beyond what the kernels take (then the PyTorch
     op, which takes any size)."""
-    return not graph_tracing() and _triton_available() and triton_dims_supported(headdim, dstate, dtype)
+    return triton_usable("yolo_bimamba.ops.triton_op") and triton_dims_supported(headdim, dstate, dtype)
 
 
 def bi_ssd(

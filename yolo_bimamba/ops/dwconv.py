@@ -43,8 +43,8 @@ def validate_dwconv(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
             raise ValueError(f"dwconv_silu: {name} is on {t.device}, u on {u.device}")
 
 
-def _triton_ok(u: torch.Tensor) -> bool:
-    return triton_usable("YOLO_BIMAMBA_FUSED_CONV", "yolo_bimamba.ops.dwconv_kernels")
+def _triton_ok() -> bool:
+    return triton_usable("yolo_bimamba.ops.dwconv_kernels", "YOLO_BIMAMBA_FUSED_CONV")
 
 
 def dwconv_silu(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -57,7 +57,7 @@ def dwconv_silu(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     validate_dwconv(u, weight, bias)
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"dwconv_silu: backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-    if backend == "torch" or (backend == "auto" and not (u.is_cuda and _triton_ok(u))):
+    if backend == "torch" or (backend == "auto" and not (u.is_cuda and _triton_ok())):
         return dwconv_silu_reference(u, weight, bias)
     return _DWConvSiLU.apply(u, weight, bias)
 

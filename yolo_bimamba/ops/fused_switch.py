@@ -1,5 +1,5 @@
-"""What the fused block ops (ops.dwconv, ops.gated_norm) share: forcing one of a kernel's configs (tests), and the
-decision whether "auto" may launch Triton kernels."""
+"""What the Triton-backed ops (ops.bi_ssd, ops.dwconv, ops.gated_norm) share: forcing one of a kernel's configs
+(tests), the decision whether "auto" may launch Triton kernels, and the kernels' arithmetic type."""
 from __future__ import annotations
 
 import contextlib
@@ -33,10 +33,10 @@ def graph_tracing() -> bool:
                                              for f in ("is_compiling", "is_exporting")))
 
 
-def triton_usable(env_var: str, kernels_module: str) -> bool:
-    """"auto" may run the kernels: not switched off by ``env_var=0``, no graph being traced or exported, and the
-    kernel module (hence Triton) imports."""
-    if os.environ.get(env_var, "1") == "0" or graph_tracing():
+def triton_usable(kernels_module: str, env_var: str | None = None) -> bool:
+    """"auto" may run the kernels: not switched off by ``env_var=0`` (when the op has such a switch), no graph being
+    traced or exported, and the kernel module (hence Triton) imports."""
+    if (env_var is not None and os.environ.get(env_var, "1") == "0") or graph_tracing():
         return False
     try:
         import importlib

@@ -40,7 +40,7 @@ def validate_gated_rmsnorm(x, z, weight) -> None:
 
 
 def _triton_ok() -> bool:
-    return triton_usable("YOLO_BIMAMBA_FUSED_NORM", "yolo_bimamba.ops.gated_norm_kernels")
+    return triton_usable("yolo_bimamba.ops.gated_norm_kernels", "YOLO_BIMAMBA_FUSED_NORM")
 
 
 def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, *,

@@ -16,12 +16,12 @@ import os
 
 import torch
 import triton
-import triton.language as tl
 
 from .triton_kernels import (
     BWD_CONFIGS, FWD_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS, _bi_ssd_bwd_dt_kernel, _bi_ssd_bwd_kernel,
     _bi_ssd_fwd_kernel, _bi_ssd_state_kernel, prune_bwd_configs,
 )
+from .fused_switch import compute_dtype
 from .validate import kernel_tile, validate_bi_ssd
 
 __all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE_CONFIGS"]
@@ -161,10 +161,6 @@ def check_guards() -> bool:
     return ok
 
 
-def _compute_dtype(x):
-    return tl.float64 if x.dtype == torch.float64 else tl.float32
-
-
 # the config each autotuner chose, by (kernel, keyword arguments, dtypes of the arguments): a finer key than the
 # autotuner's own (its key names are among the keyword arguments; it adds every argument's dtype), so a later call
 # launches the config the autotuner would pick, without going through triton's Autotuner.run, which cost about 0.08 ms
@@ -277,7 +273,7 @@ def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias):
             lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"]), nslot),
             (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy if grad else x, st, l, h, g, seg, lo, hi),
             dict(P=p, N=n, BLOCK_N=kernel_tile(n), GRAD=grad, DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias,
-                 SOFTPLUS=dt_softplus, COMPUTE=_compute_dtype(x), DOT_ST=prec))
+                 SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype), DOT_ST=prec))
     return seg, nseg, st
 
 
@@ -297,7 +293,7 @@ class _BiSSDFn(torch.autograd.Function):
         args = (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, y, st, l, h, g, seg, lo, hi)
         kwargs = dict(
             P=p, N=n, BLOCK_N=kernel_tile(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_D=has_d,
-            D_PER_P=has_d and D.dim() == 2, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=_compute_dtype(x),
+            D_PER_P=has_d and D.dim() == 2, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype),
         )
         _launch(_bi_ssd_fwd_kernel, _fwd_tuned, FWD_CONFIGS, "fwd",
                 lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"]), nseg), args, kwargs)
@@ -339,7 +335,7 @@ class _BiSSDFn(torch.autograd.Function):
         part_d = _alloc((b, h, nseg, p), cdt, dev)
         part = _alloc((b, h, 2), cdt, dev)
         common = dict(DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
-                      COMPUTE=_compute_dtype(x))
+                      COMPUTE=compute_dtype(x.dtype))
 
         def args(gB, gC, gBb, gCb):
             return (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, dy,
@@ -374,7 +370,7 @@ class _BiSSDFn(torch.autograd.Function):
             bwd(args(dB, dC, dBb, dCb), {**kwargs, "ACC": False})
         _bi_ssd_bwd_dt_kernel[(b * h,)](
             dt, A, bias_arg, dtb, ddt, ddtb, scr, part, l, h, lo, hi, DO_F=do_f, DO_B=do_b, SEPARATE=separate,
-            HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=_compute_dtype(x), BLOCK_Q=PASS_C_ROWS,
+            HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype), BLOCK_Q=PASS_C_ROWS,
         )
         if not (split and separate):
             gB, gC = fold(dB, B), fold(dC, C)
