@@ -125,12 +125,14 @@ def kernels(args):
         if args.shapes and name not in args.shapes.split(","):
             continue
         x, call = _op_inputs(b, L, h, p, n, torch.bfloat16)
-        variants = [(d, pps, prec, cfg, split) for d in args.directions.split(",") for pps in pps_list
+        ints = lambda v: [int(c) for c in v.split(",")] if v else [None]  # noqa: E731
+        variants = [(d, pps, prec, cfg, split, fcfg, scfg) for d in args.directions.split(",") for pps in pps_list
                     for prec in (args.prec.split(";") if args.prec else [None])
-                    for cfg in ([int(c) for c in args.bwd_cfgs.split(",")] if args.bwd_cfgs else [None])
-                    for split in ([bool(int(v)) for v in args.splits.split(",")] if args.splits else [None])]
+                    for cfg in ints(args.bwd_cfgs)
+                    for split in ([bool(int(v)) for v in args.splits.split(",")] if args.splits else [None])
+                    for fcfg in ints(args.fwd_cfgs) for scfg in ints(args.state_cfgs)]
         orig_prec = triton_op._dot_precisions
-        for direction, pps, prec, cfg, split in variants:
+        for direction, pps, prec, cfg, split, fcfg, scfg in variants:
             triton_op._PROGRAMS_PER_SM = pps
             if prec:
                 triton_op._dot_precisions = lambda x, prec=prec: dict(zip(triton_op.DOT_CLASSES, prec.split(",")))
@@ -139,16 +141,18 @@ def kernels(args):
 
             step = functools.partial(call, direction=direction)
             seg = triton_op.segment_rows(b, h, L, x.device)
-            with triton_op.force_config(bwd=cfg, split=split):
+            with triton_op.force_config(bwd=cfg, split=split, fwd=fcfg, state=scfg):
                 times, launches = _kernel_times(step)
             total = sum(times.values())
             rec = {"shape": name, "direction": direction, "programs_per_sm": pps, "dot_prec": prec, "bwd_cfg": cfg,
-                   "split": split, "seg_rows": seg, "nseg": -(-L // seg), "total_ms": round(total, 4),
+                   "fwd_cfg": fcfg, "state_cfg": scfg, "split": split, "seg_rows": seg, "nseg": -(-L // seg),
+                   "total_ms": round(total, 4),
                    "launches": launches,
                    "kernels_ms": {k: round(v, 4) for k, v in times.items()}}
             out["runs"].append(rec)
             top = ", ".join(f"{k[:40]}={v:.3f}" for k, v in list(times.items())[:6])
-            print(f"{name} {direction} pps={pps} prec={prec} bwd={cfg} split={split} seg={seg}: total {total:.3f} ms, "
+            print(f"{name} {direction} pps={pps} prec={prec} fwd={fcfg} bwd={cfg} state={scfg} split={split} seg={seg}: "
+                  f"total {total:.3f} ms, "
                   f"{launches} launches; {top}", flush=True)
         triton_op._dot_precisions = orig_prec
         del x, call
@@ -274,6 +278,8 @@ def main():
     ap.add_argument("--prec", default="",
                     help="kernels: backward dot precisions, ST,RD,MID,IN,LO;... (see triton_op._dot_precisions)")
     ap.add_argument("--bwd-cfgs", default="", help="kernels: forced backward configs, comma separated")
+    ap.add_argument("--fwd-cfgs", default="", help="kernels: forced forward configs, comma separated")
+    ap.add_argument("--state-cfgs", default="", help="kernels: forced state-kernel configs, comma separated")
     ap.add_argument("--splits", default="",
                     help="kernels: backward directions in two launches (1) or one (0), e.g. 1,0")
     ap.add_argument("--shapes", default="", help="kernels: shape names, comma separated (default all)")

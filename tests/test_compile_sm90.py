@@ -319,10 +319,12 @@ def _worker(out_path: str, dtypes: list[str], manual_signature: bool = False) ->
             fn = obj.fn
             autotuners[getattr(fn, "__name__", None) or fn.fn.__name__] = len(obj.configs)
 
+    # SM90_ONLY=label,label: a resource report of some variants only (a developer's shortcut, not used by the tests)
+    only = [v for v in os.environ.get("SM90_ONLY", "").split(",") if v]
     t0 = time.time()
     for dtype in dtypes:
         for label, p, n, g, h, v, vdtypes, stage in _variants():
-            if dtype not in vdtypes:
+            if dtype not in vdtypes or (only and label not in only):
                 continue
             ctx["variant"], ctx["dtype"], ctx["stage"] = label, dtype, stage
             _call_op(dtype, p, n, g, h, v)

@@ -61,25 +61,30 @@ from .reference import LOG_DECAY_FLOOR as _LOG_DECAY_FLOOR
 _QP_TILES = [(32, 32, 2), (64, 32, 4), (64, 64, 4)]
 
 
-def _qp_configs(tiles):
-    return [triton.Config({"BLOCK_Q": bq, "BLOCK_P": bp}, num_warps=nw, num_stages=1) for bq, bp, nw in tiles]
+def _qp_configs(tiles, stages=1):
+    return [triton.Config({"BLOCK_Q": bq, "BLOCK_P": bp}, num_warps=nw, num_stages=stages) for bq, bp, nw in tiles]
 
 
 FWD_CONFIGS = _qp_configs(_QP_TILES)
 BWD_CONFIGS = [
-    triton.Config({"BLOCK_Q": bq}, num_warps=nw, num_stages=1)
+    triton.Config({"BLOCK_Q": bq}, num_warps=nw, num_stages=ns)
     # BLOCK_Q = 128 needs > 227 KB of shared memory at headdim = d_state = 64 on sm_90; (64, 8 warps) was the
-    # slowest on an H200 at every benchmarked shape and is not offered
-    for bq, nw in [
-        (32, 4),
-        (32, 8),
-        (64, 4),
+    # slowest on an H200 at every benchmarked shape and is not offered. Two pipeline stages (loads of the next chunk
+    # issued during this one): 12 % faster than one at headdim = d_state = 32 on an H200, 26 % slower at 64; three
+    # stages and BLOCK_Q 16 (still 255 registers, sm_90 compile) were slower (benchmarks/results, eighth session)
+    for bq, nw, ns in [
+        (32, 4, 1),
+        (32, 8, 1),
+        (64, 4, 1),
+        (32, 4, 2),
     ]
 ]
 
 
-# the chunk-boundary state walk (one state kind per program, one block of headdim): the forward's tiles
-STATE_CONFIGS = _qp_configs(_QP_TILES)
+# the chunk-boundary state walk (one state kind per program, one block of headdim): the forward's tiles, and the
+# largest with two pipeline stages (0.121 vs 0.146 ms at b16 L1600 h8 p64 n64 on an H200; two stages made the
+# forward kernel slower, up to 1.8x at the LM shape, so it keeps one)
+STATE_CONFIGS = _qp_configs(_QP_TILES) + _qp_configs(_QP_TILES[2:], 2)
 # segments are a whole number of chunks of every kernel and config (the BLOCK_Qs are powers of two)
 SEG_MULTIPLE = max(c.kwargs["BLOCK_Q"] for c in FWD_CONFIGS + BWD_CONFIGS + STATE_CONFIGS)
 assert all(SEG_MULTIPLE % c.kwargs["BLOCK_Q"] == 0 for c in FWD_CONFIGS + BWD_CONFIGS + STATE_CONFIGS)
@@ -235,11 +240,23 @@ def _chunk_decay(dt_ptr, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLU
 
 
 @triton.jit
+def _pair_decay(cs, a, tt, ss):
+    """Decays of the in-chunk pairs of both directions in one tile, for SHARE (both directions with the same dt, B,
+    C and no shift): below the diagonal the causal pair (t > s: steps s+1..t, cs_t - cs_s), above it the anti-causal
+    pair (t < s: steps t..s-1, csx_s - csx_t with csx = cs - a), and 2 on the diagonal (each direction's s = t term).
+    One exp of a tile whose entries are all <= 0 (up to rounding). Then CB * decay holds the in-chunk part of both
+    directions' mixing matrices, and every product with it does both directions at the cost of one."""
+    csx = cs - a
+    expo = tl.where(tt >= ss, cs[:, None] - cs[None, :], csx[None, :] - csx[:, None])
+    return tl.exp(expo) + tl.where(tt == ss, 1.0, 0.0)
+
+
+@triton.jit
 def _bi_ssd_fwd_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, y_ptr, st_ptr,
     L, H, G, SEG, dt_lo, dt_hi,
     P: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr,
-    DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr,
+    DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SHARE: tl.constexpr,
     HAS_D: tl.constexpr, D_PER_P: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
     COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
@@ -293,7 +310,10 @@ def _bi_ssd_fwd_kernel(
                 rowd = cs
                 causal = tt >= ss
             CB = tl.dot(Cv, tl.trans(Bv))
-            decay = tl.exp(tl.where(causal, rowd[:, None] - cs[None, :], float("-inf")))
+            if SHARE:  # both directions' in-chunk pairs (see _pair_decay); the anti-causal walk adds its state only
+                decay = _pair_decay(cs, a, tt, ss)
+            else:
+                decay = tl.exp(tl.where(causal, rowd[:, None] - cs[None, :], float("-inf")))
             W = CB * decay * dtv[None, :]
             yv = tl.dot(W, xv) + tl.exp(rowd)[:, None] * tl.dot(Cv, S)
             wS = tl.exp(tail - a) * dtv
@@ -327,11 +347,12 @@ def _bi_ssd_fwd_kernel(
                 Cv = tl.load(Cb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
                 rowd = csx
                 anti = ss >= tt
-            CB = tl.dot(Cv, tl.trans(Bv))
-            decay = tl.exp(tl.where(anti, csx[None, :] - rowd[:, None], float("-inf")))
-            W = CB * decay * dtv[None, :]
             # from row t to the chunk's end: steps t+1.. (shift: rowd = cs) or t.. (rowd = csx)
-            yv = tl.dot(W, xv) + tl.exp(tail - a if SHIFT else tail)[:, None] * tl.dot(Cv, Sb)
+            yv = tl.exp(tail - a if SHIFT else tail)[:, None] * tl.dot(Cv, Sb)
+            if not SHARE:  # in-chunk pairs (with SHARE the causal walk did them)
+                CB = tl.dot(Cv, tl.trans(Bv))
+                decay = tl.exp(tl.where(anti, csx[None, :] - rowd[:, None], float("-inf")))
+                yv += tl.dot(CB * decay * dtv[None, :], xv)
             wS = tl.exp(csx) * dtv
             Sb = tl.exp(cs_last) * Sb + tl.dot(tl.trans(Bv * wS[:, None]), xv)
             if HAS_D:
@@ -452,7 +473,7 @@ def _bi_ssd_bwd_kernel(
     dx_ptr, dB_ptr, dC_ptr, ddt_ptr, dBb_ptr, dCb_ptr, ddtb_ptr, scr_ptr, part_ptr, st_ptr,
     L, H, G, SEG, dt_lo, dt_hi,
     P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SEPARATE: tl.constexpr,
+    DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SEPARATE: tl.constexpr, SHARE: tl.constexpr,
     HAS_D: tl.constexpr, D_PER_P: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
     GRAD_PER_HEAD: tl.constexpr, ACC: tl.constexpr, COMPUTE: tl.constexpr, DOT_ST: tl.constexpr,
     DOT_RD: tl.constexpr, DOT_MID: tl.constexpr, DOT_IN: tl.constexpr, DOT_LO: tl.constexpr, BLOCK_Q: tl.constexpr,
@@ -536,13 +557,20 @@ def _bi_ssd_bwd_kernel(
             else:
                 dzf = dyv
             CBf = _dot(Cf, tl.trans(Bf), DOT_IN)
-            decf = tl.exp(tl.where(tt >= ss, csf[:, None] - csf[None, :], float("-inf")))
+            if SHARE:  # the in-chunk pairs of both directions (_pair_decay); the other launch does the states only
+                decf = _pair_decay(csf, af, tt, ss)
+                offd = tt != ss
+                ndiag = 2.0
+            else:
+                decf = tl.exp(tl.where(tt >= ss, csf[:, None] - csf[None, :], float("-inf")))
+                offd = tt > ss
+                ndiag = 1.0
             ef_end = tl.exp(tailf - af)
             # the diagonal (s == t) term does not depend on the decays: it is kept out of the
             # per-position log-decay gradients (where it would cancel only up to rounding)
-            diagf = tl.sum(Cf * Bf, 1)
+            diagf = tl.sum(Cf * Bf, 1) * ndiag
             uf_in = ef_end[:, None] * _dot(Bf, dS, DOT_RD)  # pairs with t in later chunks
-            uf = _dot(tl.trans(tl.where(tt > ss, CBf * decf, 0.0)), dzf, DOT_MID) + uf_in
+            uf = _dot(tl.trans(tl.where(offd, CBf * decf, 0.0)), dzf, DOT_MID) + uf_in
             # (dz_t . x_s) decay(t, s): two loaded inputs (DOT_IN); it also gives the in-chunk pair terms below
             Mf = _dot(dzf, tl.trans(xv), DOT_IN) * decf
             dBf = dtf[:, None] * (_dot(tl.trans(Mf), Cf, DOT_LO) + ef_end[:, None] * _dot(xv, tl.trans(dS), DOT_LO))
@@ -552,8 +580,17 @@ def _bi_ssd_bwd_kernel(
             # log-decay gradient, pairs inside the chunk: P[t, s] (t > s) spans the steps s+1..t, so
             # da[j] = sum_{t >= j > s} P[t, s] = reverse cumsum of (row sums - column sums), local to the chunk;
             # only the pairs across chunks (uf_in here, the state term of pass B) are telescoped over the sequence
-            Pf = tl.where(tt > ss, Mf * CBf, 0.0) * dtf[None, :]
-            vf_dadir = tl.cumsum(tl.sum(Pf, 1) - tl.sum(Pf, 0), 0, reverse=True)
+            Pf = tl.where(offd, Mf * CBf, 0.0) * dtf[None, :]
+            if SHARE:
+                # the anti-causal pairs (above the diagonal) span the steps t..s-1: their share is the forward cumsum
+                # (as vb_dadir below). With the same dt in both directions, pass C uses only the sum of the two
+                # directions' log-decay gradients, so it may sit in this direction's slot.
+                Pb = tl.where(ss > tt, Pf, 0.0)
+                Pf = Pf - Pb
+                vf_dadir = tl.cumsum(tl.sum(Pf, 1) - tl.sum(Pf, 0), 0, reverse=True) + \
+                    tl.cumsum(tl.sum(Pb, 1) - tl.sum(Pb, 0), 0)
+            else:
+                vf_dadir = tl.cumsum(tl.sum(Pf, 1) - tl.sum(Pf, 0), 0, reverse=True)
             vf_dcs = -dtf * tl.sum(uf_in * xv, 1)
             vf_ddt = xu + diagf * tl.sum(dzf * xv, 1)
             dxv += dtf[:, None] * (uf + diagf[:, None] * dzf)
@@ -569,19 +606,22 @@ def _bi_ssd_bwd_kernel(
                 dzb = tl.load(dy_ptr + xo + r2[:, None] * xstride + offs_p[None, :], mask=m2, other=0.0).to(COMPUTE)
             else:
                 dzb = dyv
-            CBb = _dot(Cbv, tl.trans(Bbv), DOT_IN)
-            decb = tl.exp(tl.where(ss >= tt, csxb[None, :] - csxb[:, None], float("-inf")))
             eb_row = tl.exp(tailb)
             # output terms of pairs with s in later chunks (the state); in-chunk pairs go through Pb below
             zb_in = eb_row[:, None] * _dot(Cbv, Sb, DOT_RD)
             Yb = tl.sum(dzb * zb_in, 1)
-            Mb = _dot(dzb, tl.trans(xv), DOT_IN) * decb
-            dCb = _dot(Mb * dtb[None, :], Bbv, DOT_LO) + eb_row[:, None] * _dot(dzb, tl.trans(Sb), DOT_LO)
-            Sb = tl.exp(lastb) * Sb + _dot(tl.trans(Bbv * (tl.exp(csxb) * dtb)[:, None]), xv, DOT_ST)
-            # pairs inside the chunk: P[t, s] (s > t) spans the steps t..s-1: da[j] = sum_{t <= j < s} P[t, s]
-            Pb = tl.where(ss > tt, Mb * CBb, 0.0) * dtb[None, :]
+            dCb = eb_row[:, None] * _dot(dzb, tl.trans(Sb), DOT_LO)
             vb_dcs = -Yb
-            vb_dadir = Yb + tl.cumsum(tl.sum(Pb, 1) - tl.sum(Pb, 0), 0)
+            vb_dadir = Yb
+            if not SHARE:  # (with SHARE the causal direction's code did the in-chunk pairs)
+                CBb = _dot(Cbv, tl.trans(Bbv), DOT_IN)
+                decb = tl.exp(tl.where(ss >= tt, csxb[None, :] - csxb[:, None], float("-inf")))
+                Mb = _dot(dzb, tl.trans(xv), DOT_IN) * decb
+                dCb += _dot(Mb * dtb[None, :], Bbv, DOT_LO)
+                # pairs inside the chunk: P[t, s] (s > t) spans the steps t..s-1: da[j] = sum_{t <= j < s} P[t, s]
+                Pb = tl.where(ss > tt, Mb * CBb, 0.0) * dtb[None, :]
+                vb_dadir += tl.cumsum(tl.sum(Pb, 1) - tl.sum(Pb, 0), 0)
+            Sb = tl.exp(lastb) * Sb + _dot(tl.trans(Bbv * (tl.exp(csxb) * dtb)[:, None]), xv, DOT_ST)
             if SEPARATE:
                 tl.store(dCb_ptr + go + rows[:, None] * gstride + offs_n[None, :], dCb.to(dCb_ptr.dtype.element_ty), mask=m_bn)
             else:
@@ -644,20 +684,27 @@ def _bi_ssd_bwd_kernel(
                 dzb = tl.load(dy_ptr + xo + r2[:, None] * xstride + offs_p[None, :], mask=m2, other=0.0).to(COMPUTE)
             else:
                 dzb = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-            CBb = _dot(Cbv, tl.trans(Bbv), DOT_IN)
-            decb = tl.exp(tl.where(ss >= tt, csxb[None, :] - csxb[:, None], float("-inf")))
             ebx = tl.exp(csxb)
-            diagb = tl.sum(Cbv * Bbv, 1)
             ub_in = ebx[:, None] * _dot(Bbv, dSb, DOT_RD)  # pairs with t in earlier chunks
-            ub = _dot(tl.trans(tl.where(ss > tt, CBb * decb, 0.0)), dzb, DOT_MID) + ub_in
-            Mb = _dot(dzb, tl.trans(xv), DOT_LO) * decb
-            dBb = dtb[:, None] * (_dot(tl.trans(Mb), Cbv, DOT_LO) + ebx[:, None] * _dot(xv, tl.trans(dSb), DOT_LO))
+            dBb = ebx[:, None] * _dot(xv, tl.trans(dSb), DOT_LO)
+            xub_in = tl.sum(ub_in * xv, 1)
+            Xb = dtb * xub_in
+            if SHARE:  # state terms only: the causal direction's code did the in-chunk pairs and the diagonal
+                ub = ub_in
+                vb_ddt = xub_in
+            else:
+                CBb = _dot(Cbv, tl.trans(Bbv), DOT_IN)
+                decb = tl.exp(tl.where(ss >= tt, csxb[None, :] - csxb[:, None], float("-inf")))
+                diagb = tl.sum(Cbv * Bbv, 1)
+                ub_mid = _dot(tl.trans(tl.where(ss > tt, CBb * decb, 0.0)), dzb, DOT_MID)
+                Mb = _dot(dzb, tl.trans(xv), DOT_LO) * decb
+                dBb += _dot(tl.trans(Mb), Cbv, DOT_LO)
+                ub = ub_mid + ub_in + diagb[:, None] * dzb
+                vb_ddt = tl.sum(ub * xv, 1)
+            dBb = dtb[:, None] * dBb
             dSb = tl.exp(lastb) * dSb + _dot(tl.trans(Cbv * tl.exp(tailb)[:, None]), dzb, DOT_ST)
-            xub = tl.sum(ub * xv, 1)
-            Xb = dtb * tl.sum(ub_in * xv, 1)
-            vb_ddt = xub + diagb * tl.sum(dzb * xv, 1)
             dx_ptrs = dx_ptr + xo + xy_off
-            dxb = dtb[:, None] * (ub + diagb[:, None] * dzb) + tl.load(dx_ptrs, mask=m_xp, other=0.0).to(COMPUTE)
+            dxb = dtb[:, None] * ub + tl.load(dx_ptrs, mask=m_xp, other=0.0).to(COMPUTE)
             tl.store(dx_ptrs, dxb.to(dx_ptr.dtype.element_ty), mask=m_xp)
             if SEPARATE:
                 tl.store(dBb_ptr + go + rows[:, None] * gstride + offs_n[None, :], dBb.to(dBb_ptr.dtype.element_ty), mask=m_bn)

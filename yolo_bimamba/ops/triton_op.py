@@ -39,7 +39,7 @@ _PROGRAMS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_PROGRAMS_PER_SM", "2"))
 _POISON = os.environ.get("YOLO_BIMAMBA_POISON", "0") not in ("", "0")
 # YOLO_BIMAMBA_AUTOTUNE=0: no autotuning (no compile of every config on first use); DEFAULT_CONFIGS are used
 _AUTOTUNE = os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1") not in ("", "0")
-DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 2}
+DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 3}
 
 # test hook (interpreter only): run the autotuners, timed on the CPU, instead of the default configs
 _TUNE_IN_INTERPRETER = False
@@ -61,7 +61,7 @@ def _cpu_bench(fn, quantiles=None, reps=2):
 _BENCH = dict(do_bench=_cpu_bench) if _INTERPRET else {}
 # the backward's dot classes, each a keyword argument of the kernels naming an input precision (_dot_precisions)
 DOT_CLASSES = ("DOT_ST", "DOT_RD", "DOT_MID", "DOT_IN", "DOT_LO")
-_KEY = ["P", "N", "DO_F", "DO_B", "SHIFT", "HAS_D", "D_PER_P", "HAS_BIAS", "SOFTPLUS", "COMPUTE"]
+_KEY = ["P", "N", "DO_F", "DO_B", "SHIFT", "SHARE", "HAS_D", "D_PER_P", "HAS_BIAS", "SOFTPLUS", "COMPUTE"]
 _fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=_KEY, **_BENCH)(_bi_ssd_fwd_kernel)
 # the backward adds to dx (and dB, dC) that an earlier launch wrote (ACC): the autotuner times each config on copies
 # restored after every timed call, so tuning never adds the same contribution twice
@@ -277,6 +277,14 @@ def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias):
     return seg, nseg, st
 
 
+def _shares(opts, separate) -> bool:
+    """Both directions with the same dt, B, C and no shift (BiMamba2, not Hydra): the kernels then do the in-chunk
+    pairs of both directions in one tile (triton_kernels._pair_decay), in the causal direction's code, and the
+    anti-causal direction's code only its state terms."""
+    _softplus, _lo, _hi, do_f, do_b, shift = opts
+    return do_f and do_b and not shift and not separate
+
+
 class _BiSSDFn(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
@@ -292,8 +300,8 @@ class _BiSSDFn(torch.autograd.Function):
         seg, nseg, st = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, None, opts, has_bias)
         args = (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, y, st, l, h, g, seg, lo, hi)
         kwargs = dict(
-            P=p, N=n, BLOCK_N=kernel_tile(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_D=has_d,
-            D_PER_P=has_d and D.dim() == 2, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype),
+            P=p, N=n, BLOCK_N=kernel_tile(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, SHARE=_shares(opts, separate),
+            HAS_D=has_d, D_PER_P=has_d and D.dim() == 2, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype),
         )
         _launch(_bi_ssd_fwd_kernel, _fwd_tuned, FWD_CONFIGS, "fwd",
                 lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"]), nseg), args, kwargs)
@@ -347,7 +355,8 @@ class _BiSSDFn(torch.autograd.Function):
             return t.to(like.dtype)
 
         kwargs = dict(
-            P=p, N=n, BLOCK_P=kernel_tile(p), BLOCK_N=kernel_tile(n), SEPARATE=separate, HAS_D=has_d,
+            P=p, N=n, BLOCK_P=kernel_tile(p), BLOCK_N=kernel_tile(n), SEPARATE=separate,
+            SHARE=_shares(ctx.opts, separate), HAS_D=has_d,
             D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head,
             **_dot_precisions(x), **common,
         )
