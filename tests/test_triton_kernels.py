@@ -430,8 +430,44 @@ def test_autotuned_launch_matches_reference(sep):
     finally:
         for tuned in tuners:
             tuned.__dict__.pop("do_bench", None)
-    # the tuners really ran: every config of the forward, the two state walks and both backward launches was timed
-    assert len(calls) >= len(FWD_CONFIGS) + 2 * len(STATE_CONFIGS) + 2 * len(BWD_CONFIGS), len(calls)
+    # the tuners really ran: every config of the forward, the two state walks and the backward launches was timed
+    # (BiMamba2 mode: the second backward launch runs the first one's config, see the next test; Hydra mode: both tuned)
+    bwd_tuned = 2 if sep else 1
+    assert len(calls) >= len(FWD_CONFIGS) + 2 * len(STATE_CONFIGS) + bwd_tuned * len(BWD_CONFIGS), len(calls)
+
+
+def test_second_backward_launch_runs_the_first_launchs_config(monkeypatch):
+    """BiMamba2 mode (same dt, B, C, no shift): the first backward launch does the in-chunk pairs of both directions
+    and the second the pairs across chunks, so both must cut the sequence into the same chunks. An autotuner that
+    chose a BLOCK_Q of 64 for the first launch and of 32 for the second (each timed alone) would count some pairs
+    twice and miss others. Here the op's config cache says exactly that; the result must still match the reference,
+    and the second launch must have run the first one's BLOCK_Q."""
+    big = next(c for c in BWD_CONFIGS if c.kwargs["BLOCK_Q"] == 64)
+    small = next(c for c in BWD_CONFIGS if c.kwargs["BLOCK_Q"] == 32)
+
+    class SplitMinds(dict):
+        def get(self, key, default=None):
+            which, kwargs = key[0], dict(key[1])
+            if which != "bwd":
+                return {"fwd": FWD_CONFIGS, "state": STATE_CONFIGS}[which][triton_op.DEFAULT_CONFIGS[which]]
+            return big if kwargs["DO_F"] else small
+
+    launched = []
+    orig = triton_op._launch
+
+    def spy(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg=None):
+        used = orig(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg)
+        if which == "bwd":
+            launched.append(used.kwargs["BLOCK_Q"])
+        return used
+
+    monkeypatch.setattr(triton_op, "_chosen", SplitMinds())
+    monkeypatch.setattr(triton_op, "_TUNE_IN_INTERPRETER", True)
+    monkeypatch.setattr(triton_op, "_launch", spy)
+    args, kw = make_inputs(b=1, l=2 * SEG_MULTIPLE + 37, h=2, g=1, p=16, n=16)
+    with force_config(split=True):
+        check_case(args, kw)
+    assert launched == [64, 64], launched
 
 
 def test_tuned_config_is_reused_without_the_autotuner():
@@ -460,8 +496,9 @@ def test_tuned_config_is_reused_without_the_autotuner():
         with triton_op.interpreter_autotune(), force_config(seg=SEG_MULTIPLE, split=True):
             first = run_triton(args, kw, dy, poison=False)
             n_tuned = len(runs)
-            assert n_tuned == 5  # state + fwd; state + two backward launches
-            assert len(triton_op._chosen) == 5
+            # state + fwd; state + the first backward launch (the second runs its config: BiMamba2 mode)
+            assert n_tuned == 4
+            assert len(triton_op._chosen) == 4
             launched.clear()
             second = run_triton(args, kw, dy, poison=False)
             assert len(runs) == n_tuned, "the second call went through the autotuners again"

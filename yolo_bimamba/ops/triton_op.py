@@ -170,7 +170,11 @@ _chosen: dict = {}
 _CHOSEN_MAX = 4096
 
 
-def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs):
+def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg=None):
+    """Launch with the forced, default, cached or tuned config (``cfg``: this one); returns the config it ran (None
+    where the autotuner ran but did not say which it chose)."""
+    if cfg is not None:
+        return _run_config(jit_fn, grid_fn, args, kwargs, cfg)
     idx = _forced[which]
     if idx is None and ((_INTERPRET and not _TUNE_IN_INTERPRETER) or not _AUTOTUNE):
         # under the interpreter the tests force each config explicitly (interpreter_autotune() runs the tuners, timed
@@ -186,12 +190,16 @@ def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs):
                 if len(_chosen) >= _CHOSEN_MAX:
                     _chosen.clear()
                 _chosen[key] = best
-            return
+            return best
     else:
         cfg = configs[idx]
+    return _run_config(jit_fn, grid_fn, args, kwargs, cfg)
+
+
+def _run_config(jit_fn, grid_fn, args, kwargs, cfg):
     meta = dict(cfg.kwargs)
-    grid = grid_fn(meta)
-    jit_fn[grid](*args, **kwargs, **meta, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    jit_fn[grid_fn(meta)](*args, **kwargs, **meta, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return cfg
 
 
 def _acc_dtype(dtype):
@@ -373,8 +381,11 @@ class _BiSSDFn(torch.autograd.Function):
             dBb, dCb = _alloc(gshape, gdt, dev), _alloc(gshape, gdt, dev)
             bwd(args(dBb, dCb, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True})
         elif split:
-            bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_B": False, "ACC": False})
-            bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True})
+            used = bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_B": False, "ACC": False})
+            # with SHARE the first launch did the in-chunk pairs of both directions and the second does the pairs
+            # across chunks: both must cut the sequence into the same chunks, so the second runs the first's config
+            # (the autotuner would time each launch alone and could pick another BLOCK_Q for each)
+            bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True}, cfg=used if kwargs["SHARE"] else None)
         else:
             bwd(args(dB, dC, dBb, dCb), {**kwargs, "ACC": False})
         _bi_ssd_bwd_dt_kernel[(b * h,)](
