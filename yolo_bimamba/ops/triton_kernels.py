@@ -31,6 +31,14 @@ partial sums of dA, d(dt_bias); dD comes from per-(batch, head, segment) partial
 With shift=True the backward works in the unshifted frame: y_f[t] = z_f[t-1] and
 y_b[t] = z_b[t+1], so the output gradient of each direction is dy loaded at offset +1 / -1.
 
+Both directions for the price of about one (SHARE, BiMamba2 mode: the same dt, B, C in both directions, no shift):
+the in-chunk pairs of the two directions use the same C B^T and dz x^T tiles and differ only in their decays, which
+sit on opposite sides of the diagonal. One tile holds both (_pair_decay), so every in-chunk product (C B^T . decay)
+x in the forward, and (C B^T . decay)^T dz, (dz x^T . decay)^T C, (dz x^T . decay . dt) B in the backward, does both
+directions at the cost of one. The causal direction's code does them; the anti-causal direction's code keeps only
+its state terms (pairs across chunks). The two backward launches must then cut the sequence into the same chunks
+(triton_op runs the second with the first's config).
+
 Dot precision: the backward's per-position log-decay gradients (-> ddt, dA, d dt_bias) are differences of
 large, nearly equal sums, so the dots that update or read a state need about fp32 accuracy; the others need only
 the accuracy of the outputs they feed. Each dot takes its precision from a constexpr (DOT_ST, DOT_RD, DOT_MID, DOT_IN,
@@ -533,9 +541,12 @@ def _bi_ssd_bwd_kernel(
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
         xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
         dyv = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-        dD_acc += tl.sum(dyv * xv, 0)
-        if ACC:  # the other direction's launch wrote dx (with D dy) already
+        if not ACC:  # (dD from the first launch only)
+            dD_acc += tl.sum(dyv * xv, 0)
+        if ACC and DO_F:  # the other direction's launch wrote dx (with D dy) already
             dxv = tl.load(dx_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+        elif ACC:
+            dxv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)  # not stored
         elif HAS_D:
             dxv = Dv * dyv
         else:
@@ -626,7 +637,8 @@ def _bi_ssd_bwd_kernel(
                 tl.store(dCb_ptr + go + rows[:, None] * gstride + offs_n[None, :], dCb.to(dCb_ptr.dtype.element_ty), mask=m_bn)
             else:
                 dCv += dCb
-        tl.store(dx_ptr + xo + xy_off, dxv.to(dx_ptr.dtype.element_ty), mask=m_xp)
+        if DO_F or (not ACC):  # (an anti-causal launch adding to an earlier launch's dx does so in pass B)
+            tl.store(dx_ptr + xo + xy_off, dxv.to(dx_ptr.dtype.element_ty), mask=m_xp)
         if DO_F or (not SEPARATE):
             dC_ptrs = dC_ptr + go + rows[:, None] * gstride + offs_n[None, :]
             if ACC and (not SEPARATE):  # add to the other direction's dC
