@@ -115,6 +115,9 @@ def kernels(args):
         ("b16_L1600_h8_p64_n64", 16, 1600, 8, 64, 64),
         ("b16_L1600_h8_p32_n32", 16, 1600, 8, 32, 32),
         ("b32_L400_h8_p32_n32", 32, 400, 8, 32, 32),
+        # yolov8n-bimamba's own calls at 640 px, batch 32 (P4 and P3 layers)
+        ("b32_L1600_h4_p32_n32", 32, 1600, 4, 32, 32),
+        ("b32_L6400_h2_p32_n32", 32, 6400, 2, 32, 32),
         ("lm_b8_L8192_h32_p64_n128", 8, 8192, 32, 64, 128),
     ]
     pps_list = [float(v) for v in args.pps.split(",")]

@@ -618,10 +618,10 @@ def _bi_ssd_bwd_kernel(
             else:
                 dzb = dyv
             eb_row = tl.exp(tailb)
-            # output terms of pairs with s in later chunks (the state); in-chunk pairs go through Pb below
-            zb_in = eb_row[:, None] * _dot(Cbv, Sb, DOT_RD)
-            Yb = tl.sum(dzb * zb_in, 1)
-            dCb = eb_row[:, None] * _dot(dzb, tl.trans(Sb), DOT_LO)
+            # pairs with s in later chunks (the state): dC_t = e_t dz_t Sb^T, and their output terms
+            # Yb_t = dz_t . (e_t C_t Sb) = C_t . dC_t from the same product (at the state read-outs' precision, DOT_RD)
+            dCb = eb_row[:, None] * _dot(dzb, tl.trans(Sb), DOT_RD)
+            Yb = tl.sum(Cbv * dCb, 1)
             vb_dcs = -Yb
             vb_dadir = Yb
             if not SHARE:  # (with SHARE the causal direction's code did the in-chunk pairs)
@@ -677,9 +677,10 @@ def _bi_ssd_bwd_kernel(
             else:
                 dzf = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
             ecs = tl.exp(csf)
-            # output terms of pairs with s in earlier chunks (the in-chunk pairs were done in pass A)
-            Yf = tl.sum(dzf * (ecs[:, None] * _dot(Cf, S, DOT_RD)), 1)
-            dC_inter = ecs[:, None] * _dot(dzf, tl.trans(S), DOT_LO)
+            # pairs with s in earlier chunks (the in-chunk pairs were done in pass A): dC_t = e_t dz_t S^T, and their
+            # output terms Yf_t = dz_t . (e_t C_t S) = C_t . dC_t from the same product (DOT_RD, as for Yb)
+            dC_inter = ecs[:, None] * _dot(dzf, tl.trans(S), DOT_RD)
+            Yf = tl.sum(Cf * dC_inter, 1)
             dC_ptrs = dC_ptr + go + rows[:, None] * gstride + offs_n[None, :]
             dC_inter += tl.load(dC_ptrs, mask=m_bn, other=0.0).to(COMPUTE)
             tl.store(dC_ptrs, dC_inter.to(dC_ptr.dtype.element_ty), mask=m_bn)

@@ -213,7 +213,7 @@ def _dot_precisions(x):
 
     DOT_ST  state updates, S <- a S + (w V)^T R: the states' errors reach the log-decay gradients (ddt, dA, d dt_bias)
             through the sums that pass C telescopes, so these need about fp32 accuracy;
-    DOT_RD  read-outs of a state (C S, B dS) that feed the same sums;
+    DOT_RD  read-outs of a state (dz S^T, B dS) that feed the same sums;
     DOT_MID in-chunk products that feed dx and the direct part of ddt only;
     DOT_IN  dots of two loaded inputs (C B^T, dz x^T), which also give the in-chunk pair terms of the log-decay
             gradients: exact in tf32 for 16-bit inputs, and in bf16 for bf16 ones;
