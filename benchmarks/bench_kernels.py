@@ -459,7 +459,7 @@ def _main(a, argv):
         meta["configs"] = {name: [dict(c.kwargs, num_warps=c.num_warps) for c in cfgs] for name, cfgs in
                            (("fwd", tk.FWD_CONFIGS), ("bwd", tk.BWD_CONFIGS), ("state", tk.STATE_CONFIGS))}
         meta["programs_per_sm"] = triton_op._PROGRAMS_PER_SM
-        meta["split_directions"] = triton_op._SPLIT_DIRECTIONS
+        meta["split_directions"] = triton_op._SPLIT_DIRECTIONS  # "auto", "1" or "0"
     print(json.dumps(meta), flush=True)
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

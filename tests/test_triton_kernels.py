@@ -678,3 +678,16 @@ def test_kernels_at_256_tiles(monkeypatch, p, n, fi):
     args, kw = make_inputs(l=SEG_MULTIPLE + 7, h=2, p=p, n=n, seed=p + n)
     with force_config(state=fi, seg=SEG_MULTIPLE):
         check_case(args, kw, fi, fitting[fi % len(fitting)])
+
+
+def test_split_directions_rule(monkeypatch):
+    """Default ("auto"): one backward launch for BiMamba2 mode at headdim and d_state <= 32, two otherwise; the
+    environment's "0" / "1" force one / two."""
+    rule = triton_op._split_directions
+    monkeypatch.setattr(triton_op, "_SPLIT_DIRECTIONS", "auto")
+    assert not rule(32, 32, True) and not rule(16, 24, True)
+    assert rule(64, 32, True) and rule(32, 64, True) and rule(32, 32, False) and rule(64, 64, False)
+    monkeypatch.setattr(triton_op, "_SPLIT_DIRECTIONS", "0")
+    assert not rule(64, 64, False)
+    monkeypatch.setattr(triton_op, "_SPLIT_DIRECTIONS", "1")
+    assert rule(32, 32, True)

@@ -29,8 +29,11 @@ __all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _forced = {"fwd": None, "bwd": None, "state": None, "seg": None, "split": None}
 # "both" directions: the backward's segment kernel runs once per direction (the second launch adds to the first's
-# dx, dB, dC) instead of once with both directions in one program (fewer registers per program; see the benchmark)
-_SPLIT_DIRECTIONS = os.environ.get("YOLO_BIMAMBA_SPLIT_DIRECTIONS", "1") not in ("", "0")
+# dx, dB, dC) instead of once with both directions in one program (fewer registers per program). "auto" (default):
+# two launches, except in BiMamba2 mode (SHARE) with headdim and d_state <= 32, where the anti-causal direction has
+# only its state terms left and one launch was 2-10 % faster on an H200 at yolov8n-bimamba's shapes (and 35 % slower
+# at the LM shape, p64 n128; equal at p64 n64): benchmarks/results/session8/split-prof-*.json. "1" / "0": always / never.
+_SPLIT_DIRECTIONS = os.environ.get("YOLO_BIMAMBA_SPLIT_DIRECTIONS", "auto").strip().lower()
 # segment-parallel kernels: aim for about this many backward programs per streaming multiprocessor. 2 was faster than
 # 4 and 8 on an H200 at every shape of benchmarks/profile_gpu.py (fewer segments: a shorter state-kernel walk and fewer
 # boundary states), e.g. b16 L1600 h8 fwd+bwd 1.89 / 2.12 / 2.04 ms GPU time (benchmarks/results/prof-*.json)
@@ -285,6 +288,15 @@ def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias):
     return seg, nseg, st
 
 
+def _split_directions(p, n, share) -> bool:
+    """Whether the backward runs its two directions in two launches (see _SPLIT_DIRECTIONS)."""
+    if _SPLIT_DIRECTIONS in ("", "0", "false", "no"):
+        return False
+    if _SPLIT_DIRECTIONS == "auto":
+        return not (share and max(p, n) <= 32)
+    return True
+
+
 def _shares(opts, separate) -> bool:
     """Both directions with the same dt, B, C and no shift (BiMamba2, not Hydra): the kernels then do the in-chunk
     pairs of both directions in one tile (triton_kernels._pair_decay), in the causal direction's code, and the
@@ -331,7 +343,9 @@ class _BiSSDFn(torch.autograd.Function):
         per_head = g != h
         gdt = torch.float32 if per_head and B.dtype != torch.float64 else _acc_dtype(B.dtype)
         gshape = (b, l, h, n) if per_head else (b, l, g, n)
-        split = _SPLIT_DIRECTIONS if _forced["split"] is None else _forced["split"]
+        split = _forced["split"]
+        if split is None:
+            split = _split_directions(p, n, _shares(ctx.opts, separate))
         split = split and do_f and do_b
         dx = _alloc(x.shape, _acc_dtype(x.dtype), dev)
         ddt = _alloc(dt.shape, dt.dtype, dev)
