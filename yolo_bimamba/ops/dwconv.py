@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fused_switch import ForcedConfig, compute_dtype, triton_usable
+from .fused_switch import ForcedConfig, alloc, compute_dtype, runs_triton, triton_usable
 
 
 force_config = ForcedConfig()  # tests: ``with force_config(i):`` every launch uses config i of CONFIGS
@@ -55,14 +55,12 @@ def dwconv_silu(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     CUDA tensors when it is importable and the call is not traced or exported; ``YOLO_BIMAMBA_FUSED_CONV=0`` turns
     that off)."""
     validate_dwconv(u, weight, bias)
-    if backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"dwconv_silu: backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-    if backend == "torch" or (backend == "auto" and not (u.is_cuda and _triton_ok())):
+    if not runs_triton("dwconv_silu", backend, u, _triton_ok):
         return dwconv_silu_reference(u, weight, bias)
     return _DWConvSiLU.apply(u, weight, bias)
 
 
-def _config(L: int, C: int):
+def _config(C: int):
     from .dwconv_kernels import CONFIGS
 
     if force_config.index is not None:
@@ -74,15 +72,14 @@ class _DWConvSiLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u, weight, bias):
         from .dwconv_kernels import _dwconv_silu_fwd
-        from .triton_op import _alloc  # NaN-poisoned under triton_op.poison_outputs (tests)
 
         if u.stride(-1) != 1:
             u = u.contiguous()
         b, L, C = u.shape
         K = weight.shape[-1]
         w = weight.reshape(C, K).contiguous()
-        bl, bc, nw = _config(L, C)
-        y = _alloc((b, L, C), u.dtype, u.device)
+        bl, bc, nw = _config(C)
+        y = alloc((b, L, C), u.dtype, u.device)
         grid = (b, -(-L // bl), -(-C // bc))
         _dwconv_silu_fwd[grid](u, w, bias if bias is not None else w, y, L, C, u.stride(0), u.stride(1),
                                K=K, HAS_BIAS=bias is not None, COMPUTE=compute_dtype(u.dtype), BLOCK_L=bl, BLOCK_C=bc,
@@ -95,24 +92,23 @@ class _DWConvSiLU(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         from .dwconv_kernels import _dwconv_silu_bwd_in, _dwconv_silu_bwd_pre
-        from .triton_op import _alloc
 
         u, w, bias = ctx.saved_tensors
         b, L, C = u.shape
         K = w.shape[1]
         dy = dy.contiguous()
-        bl, bc, nw = _config(L, C)
+        bl, bc, nw = _config(C)
         nlb = -(-L // bl)
         grid = (b, nlb, -(-C // bc))
         comp = compute_dtype(u.dtype)
         acc = torch.float64 if u.dtype == torch.float64 else torch.float32
-        gp = _alloc((b, L, C), acc, u.device)
-        dbias_part = _alloc((b * nlb, C), acc, u.device) if bias is not None else gp
+        gp = alloc((b, L, C), acc, u.device)
+        dbias_part = alloc((b * nlb, C), acc, u.device) if bias is not None else gp
         _dwconv_silu_bwd_pre[grid](u, w, bias if bias is not None else w, dy, gp, dbias_part, L, C, u.stride(0),
                                    u.stride(1), K=K, HAS_BIAS=bias is not None, COMPUTE=comp, BLOCK_L=bl,
                                    BLOCK_C=bc, num_warps=nw)
-        du = _alloc((b, L, C), u.dtype, u.device)
-        dw_part = _alloc((b * nlb, K, C), acc, u.device)
+        du = alloc((b, L, C), u.dtype, u.device)
+        dw_part = alloc((b * nlb, K, C), acc, u.device)
         _dwconv_silu_bwd_in[grid](u, w, gp, du, dw_part, L, C, u.stride(0), u.stride(1), K=K, COMPUTE=comp,
                                   BLOCK_L=bl, BLOCK_C=bc, num_warps=nw)
         dw = dw_part.sum(0).t().reshape(ctx.weight_shape).to(w.dtype)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fused_switch import ForcedConfig, compute_dtype, triton_usable
+from .fused_switch import ForcedConfig, alloc, compute_dtype, runs_triton, triton_usable
 
 MAX_TILE = 8192  # rows x padded channels per program
 
@@ -48,9 +48,7 @@ def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: f
     """rmsnorm(x * silu(z)) * weight in fp32, returned in x's dtype. backend: "auto" (Triton on CUDA), "torch",
     "triton"."""
     validate_gated_rmsnorm(x, z, weight)
-    if backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"gated_rmsnorm: backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-    if backend == "torch" or (backend == "auto" and not (x.is_cuda and _triton_ok())):
+    if not runs_triton("gated_rmsnorm", backend, x, _triton_ok):
         return gated_rmsnorm_reference(x, z, weight, eps)
     return _GatedRMSNorm.apply(x, z, weight, float(eps))
 
@@ -76,7 +74,6 @@ class _GatedRMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, z, weight, eps):
         from .gated_norm_kernels import _gated_rmsnorm_fwd
-        from .triton_op import _alloc
 
         D = x.shape[-1]
         x2 = x.reshape(-1, D).contiguous()
@@ -84,8 +81,8 @@ class _GatedRMSNorm(torch.autograd.Function):
         R = x2.shape[0]
         br, bd, nw = _launch_shape(D)
         comp = compute_dtype(x.dtype)
-        out = _alloc((R, D), x.dtype, x.device)
-        rstd = _alloc((R,), torch.float64 if x.dtype == torch.float64 else torch.float32, x.device)
+        out = alloc((R, D), x.dtype, x.device)
+        rstd = alloc((R,), torch.float64 if x.dtype == torch.float64 else torch.float32, x.device)
         _gated_rmsnorm_fwd[(-(-R // br),)](x2, z2, weight, out, rstd, R, D, z2.stride(0), eps, COMPUTE=comp,
                                            BLOCK_R=br, BLOCK_D=bd, num_warps=nw)
         ctx.save_for_backward(x2, z2, weight, rstd)
@@ -96,7 +93,6 @@ class _GatedRMSNorm(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
         from .gated_norm_kernels import _gated_rmsnorm_bwd
-        from .triton_op import _alloc
 
         x2, z2, weight, rstd = ctx.saved_tensors
         shape, zdtype = ctx.shapes
@@ -104,9 +100,9 @@ class _GatedRMSNorm(torch.autograd.Function):
         br, bd, nw = _launch_shape(D)
         nprog = -(-R // br)
         dout2 = dout.reshape(R, D).contiguous()
-        dx = _alloc((R, D), x2.dtype, x2.device)
-        dz = _alloc((R, D), zdtype, x2.device)
-        dw_part = _alloc((nprog, D), rstd.dtype, x2.device)
+        dx = alloc((R, D), x2.dtype, x2.device)
+        dz = alloc((R, D), zdtype, x2.device)
+        dw_part = alloc((nprog, D), rstd.dtype, x2.device)
         _gated_rmsnorm_bwd[(nprog,)](x2, z2, weight, rstd, dout2, dx, dz, dw_part, R, D, z2.stride(0),
                                      COMPUTE=compute_dtype(x2.dtype), BLOCK_R=br, BLOCK_D=bd, num_warps=nw)
         return dx.view(shape), dz.view(shape), dw_part.sum(0).to(weight.dtype), None

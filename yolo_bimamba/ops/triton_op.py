@@ -21,7 +21,7 @@ from .triton_kernels import (
     BWD_CONFIGS, FWD_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS, _bi_ssd_bwd_dt_kernel, _bi_ssd_bwd_kernel,
     _bi_ssd_fwd_kernel, _bi_ssd_state_kernel, prune_bwd_configs,
 )
-from .fused_switch import compute_dtype
+from .fused_switch import alloc as _alloc, check_guards, compute_dtype, poison_outputs  # noqa: F401 (test hooks)
 from .validate import kernel_tile, validate_bi_ssd
 
 __all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE_CONFIGS"]
@@ -38,8 +38,6 @@ _SPLIT_DIRECTIONS = os.environ.get("YOLO_BIMAMBA_SPLIT_DIRECTIONS", "auto").stri
 # 4 and 8 on an H200 at every shape of benchmarks/profile_gpu.py (fewer segments: a shorter state-kernel walk and fewer
 # boundary states), e.g. b16 L1600 h8 fwd+bwd 1.89 / 2.12 / 2.04 ms GPU time (benchmarks/results/prof-*.json)
 _PROGRAMS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_PROGRAMS_PER_SM", "2"))
-# test hook: allocate every output / gradient buffer filled with NaN so unwritten elements show
-_POISON = os.environ.get("YOLO_BIMAMBA_POISON", "0") not in ("", "0")
 # YOLO_BIMAMBA_AUTOTUNE=0: no autotuning (no compile of every config on first use); DEFAULT_CONFIGS are used
 _AUTOTUNE = os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1") not in ("", "0")
 DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 3}
@@ -127,41 +125,6 @@ def segment_rows(b, h, L, device) -> int:
     blocks = triton.cdiv(L, SEG_MULTIPLE)
     nseg = max(1, min(blocks, int(_PROGRAMS_PER_SM * sms) // (b * h)))
     return SEG_MULTIPLE * triton.cdiv(blocks, nseg)
-
-
-@contextlib.contextmanager
-def poison_outputs(enabled: bool = True):
-    """Test hook: fill every output and gradient buffer with NaN before the kernels run."""
-    global _POISON
-    old = _POISON
-    _POISON = enabled
-    try:
-        yield
-    finally:
-        _POISON = old
-
-
-_GUARD = 64  # NaN elements before and after each poisoned buffer
-_guarded: list = []
-
-
-def _alloc(shape, dtype, device):
-    if _POISON:
-        numel = math.prod(shape)
-        buf = torch.full((numel + 2 * _GUARD,), float("nan"), dtype=dtype, device=device)
-        _guarded.append((buf, numel))
-        return buf[_GUARD:_GUARD + numel].view(shape)
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
-def check_guards() -> bool:
-    """Test hook: True when the NaN guard regions around every poisoned buffer allocated since the
-    last call are intact (no kernel wrote outside its outputs). Forgets those buffers."""
-    ok = True
-    for buf, numel in _guarded:
-        ok = ok and bool(torch.isnan(buf[:_GUARD]).all()) and bool(torch.isnan(buf[_GUARD + numel:]).all())
-    _guarded.clear()
-    return ok
 
 
 # the config each autotuner chose, by (kernel, keyword arguments, dtypes of the arguments): a finer key than the
@@ -343,9 +306,10 @@ class _BiSSDFn(torch.autograd.Function):
         per_head = g != h
         gdt = torch.float32 if per_head and B.dtype != torch.float64 else _acc_dtype(B.dtype)
         gshape = (b, l, h, n) if per_head else (b, l, g, n)
+        share = _shares(ctx.opts, separate)
         split = _forced["split"]
         if split is None:
-            split = _split_directions(p, n, _shares(ctx.opts, separate))
+            split = _split_directions(p, n, share)
         split = split and do_f and do_b
         dx = _alloc(x.shape, _acc_dtype(x.dtype), dev)
         ddt = _alloc(dt.shape, dt.dtype, dev)
@@ -378,7 +342,7 @@ class _BiSSDFn(torch.autograd.Function):
 
         kwargs = dict(
             P=p, N=n, BLOCK_P=kernel_tile(p), BLOCK_N=kernel_tile(n), SEPARATE=separate,
-            SHARE=_shares(ctx.opts, separate), HAS_D=has_d,
+            SHARE=share, HAS_D=has_d,
             D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head,
             **_dot_precisions(x), **common,
         )
