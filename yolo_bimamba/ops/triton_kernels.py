@@ -809,3 +809,26 @@ def _bi_ssd_bwd_dt_kernel(
     dA_tot = tl.where(A_raw < 0.0, tl.sum(dA_vec, 0), 0.0)  # as ops.reference.clamp_A
     tl.store(part_ptr + pid.to(tl.int64) * 2, dA_tot)
     tl.store(part_ptr + pid.to(tl.int64) * 2 + 1, tl.sum(dbias_vec, 0))
+
+
+@triton.jit
+def _bi_ssd_fold_kernel(src_ptr, dst_ptr, src2_ptr, dst2_ptr, ROWS, GN, N: tl.constexpr, R: tl.constexpr,
+                        BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Per-head dB, dC partials -> per-group gradients: dst[r, g, k] = sum_{j < R} src[r, g R + j, k] for the rows
+    r < ROWS (= batch * length) of src (ROWS, G R, N) and dst (ROWS, G, N), summed in head order (the same result on
+    every run), accumulated in src's dtype and stored in dst's. Program axis 2 picks (src, dst) or (src2, dst2)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)  # g * N + k
+    m = (rows < ROWS)[:, None] & (cols < GN)[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    src_off = r64 * (GN * R) + (cols + (cols // N) * ((R - 1) * N))[None, :]
+    if tl.program_id(2) == 0:
+        src = src_ptr
+        dst = dst_ptr
+    else:
+        src = src2_ptr
+        dst = dst2_ptr
+    acc = tl.load(src + src_off, mask=m, other=0.0)
+    for j in range(1, R):
+        acc += tl.load(src + src_off + j * N, mask=m, other=0.0)
+    tl.store(dst + r64 * GN + cols[None, :], acc.to(dst.dtype.element_ty), mask=m)

@@ -19,7 +19,7 @@ import triton
 
 from .triton_kernels import (
     BWD_CONFIGS, FWD_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS, _bi_ssd_bwd_dt_kernel, _bi_ssd_bwd_kernel,
-    _bi_ssd_fwd_kernel, _bi_ssd_state_kernel, prune_bwd_configs,
+    _bi_ssd_fold_kernel, _bi_ssd_fwd_kernel, _bi_ssd_state_kernel, prune_bwd_configs,
 )
 from .fused_switch import alloc as _alloc, check_guards, compute_dtype, poison_outputs  # noqa: F401 (test hooks)
 from .validate import kernel_tile, validate_bi_ssd
@@ -41,6 +41,7 @@ _PROGRAMS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_PROGRAMS_PER_SM", "2"))
 # YOLO_BIMAMBA_AUTOTUNE=0: no autotuning (no compile of every config on first use); DEFAULT_CONFIGS are used
 _AUTOTUNE = os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1") not in ("", "0")
 DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 3}
+FOLD_ROWS = 32  # rows (batch * length) per program of the per-head dB, dC fold
 
 # test hook (interpreter only): run the autotuners, timed on the CPU, instead of the default configs
 _TUNE_IN_INTERPRETER = False
@@ -335,10 +336,14 @@ class _BiSSDFn(torch.autograd.Function):
             return (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, dy,
                     dx, gB, gC, ddt, gBb, gCb, ddtb, scr, part_d, st, l, h, g, seg, lo, hi)
 
-        def fold(t, like):  # per-head fp32 partials -> per-group gradient in the input's dtype
-            if per_head:
-                t = t.view(b, l, g, h // g, n).sum(3)
-            return t.to(like.dtype)
+        def fold(tB, tC, likeB, likeC):  # per-head fp32 partials -> per-group gradients in the inputs' dtypes
+            if not per_head:
+                return tB.to(likeB.dtype), tC.to(likeC.dtype)
+            outB, outC = _alloc(likeB.shape, likeB.dtype, dev), _alloc(likeC.shape, likeC.dtype, dev)
+            bk = min(128, triton.next_power_of_2(g * n))
+            _bi_ssd_fold_kernel[(triton.cdiv(b * l, FOLD_ROWS), triton.cdiv(g * n, bk), 2)](
+                tB, outB, tC, outC, b * l, g * n, N=n, R=h // g, BLOCK_R=FOLD_ROWS, BLOCK_K=bk)
+            return outB, outC
 
         kwargs = dict(
             P=p, N=n, BLOCK_P=kernel_tile(p), BLOCK_N=kernel_tile(n), SEPARATE=separate,
@@ -354,7 +359,7 @@ class _BiSSDFn(torch.autograd.Function):
             # direction's are allocated, so at most two of the four exist at a time. A launch never touches the
             # other direction's dB, dC: their arguments are placeholders.
             bwd(args(dB, dC, dB, dC), {**kwargs, "DO_B": False, "ACC": False})
-            gB, gC = fold(dB, B), fold(dC, C)
+            gB, gC = fold(dB, dC, B, C)
             del dB, dC
             dBb, dCb = _alloc(gshape, gdt, dev), _alloc(gshape, gdt, dev)
             bwd(args(dBb, dCb, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True})
@@ -371,7 +376,7 @@ class _BiSSDFn(torch.autograd.Function):
             HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype), BLOCK_Q=PASS_C_ROWS,
         )
         if not (split and separate):
-            gB, gC = fold(dB, B), fold(dC, C)
+            gB, gC = fold(dB, dC, B, C)
 
         tot = part.sum(0)  # (h, 2)
         dA = tot[:, 0].to(A.dtype)
@@ -382,7 +387,7 @@ class _BiSSDFn(torch.autograd.Function):
             dD = (tot_d if D.dim() == 2 else tot_d.sum(1)).to(D.dtype)
         grads = [dx.to(x.dtype), ddt, dA, gB, gC, dD, ddt_bias]
         if separate:
-            grads += [ddtb, fold(dBb, B_bwd), fold(dCb, C_bwd)]
+            grads += [ddtb, *fold(dBb, dCb, B_bwd, C_bwd)]
         else:
             grads += [None, None, None]
         return (*grads, None)
