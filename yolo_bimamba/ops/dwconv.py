@@ -60,20 +60,6 @@ def dwconv_silu(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return _DWConvSiLU.apply(u, weight, bias)
 
 
-# rows per program of the input-gradient kernel, in units of the config's BLOCK_L
-SPAN_BLOCKS = 2
-
-
-def _in_tiles(bl, bc, nw, K):
-    """(rows per program, rows per step) of _dwconv_silu_bwd_in: a step's (taps, rows, channels) tiles hold about 32
-    fp32 values per thread (K rounded up to a power of two)."""
-    import triton
-
-    span = SPAN_BLOCKS * bl
-    sub = max(1, min(span, (32 * 32 * nw) // (triton.next_power_of_2(K) * bc)))
-    return span, 1 << (sub.bit_length() - 1)
-
-
 def _config(C: int):
     from .dwconv_kernels import CONFIGS
 
@@ -105,8 +91,6 @@ class _DWConvSiLU(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        import triton
-
         from .dwconv_kernels import _dwconv_silu_bwd_in, _dwconv_silu_bwd_pre
 
         u, w, bias = ctx.saved_tensors
@@ -124,12 +108,9 @@ class _DWConvSiLU(torch.autograd.Function):
                                    u.stride(1), K=K, HAS_BIAS=bias is not None, COMPUTE=comp, BLOCK_L=bl,
                                    BLOCK_C=bc, num_warps=nw)
         du = alloc((b, L, C), u.dtype, u.device)
-        span, sub = _in_tiles(bl, bc, nw, K)
-        nspan = -(-L // span)
-        dw_part = alloc((b * nspan, K, C), acc, u.device)
-        _dwconv_silu_bwd_in[(b, nspan, grid[2])](u, w, gp, du, dw_part, L, C, u.stride(0), u.stride(1), K=K,
-                                                 KP=triton.next_power_of_2(K), COMPUTE=comp, SPAN=span, BLOCK_C=bc,
-                                                 SUB=sub, num_warps=nw)
+        dw_part = alloc((b * nlb, K, C), acc, u.device)
+        _dwconv_silu_bwd_in[grid](u, w, gp, du, dw_part, L, C, u.stride(0), u.stride(1), K=K, COMPUTE=comp,
+                                  BLOCK_L=bl, BLOCK_C=bc, num_warps=nw)
         dw = dw_part.sum(0).t().reshape(ctx.weight_shape).to(w.dtype)
         dbias = dbias_part.sum(0).to(bias.dtype) if bias is not None else None
         return du, dw, dbias

@@ -76,48 +76,6 @@ def _dwconv_silu_bwd_pre(u_ptr, w_ptr, bias_ptr, dy_ptr, gp_ptr, dbias_part_ptr,
 
 @triton.jit
 def _dwconv_silu_bwd_in(u_ptr, w_ptr, gp_ptr, du_ptr, dw_part_ptr, L, Cn, su_b, su_l,
-                        K: tl.constexpr, KP: tl.constexpr, COMPUTE: tl.constexpr, SPAN: tl.constexpr,
-                        BLOCK_C: tl.constexpr, SUB: tl.constexpr):
-    """Program (batch, span of SPAN rows, block of channels); walks its span in tiles of SUB rows. The K taps of a
-    tile are one (KP, SUB, BLOCK_C) load of gp (-> du) and one of u (-> dw; KP = K rounded up to a power of two,
-    the padding taps masked), so the tap sums are in-register reductions; the dw products accumulate over the span
-    in registers and are reduced over the rows once, at the end, into this program's partial."""
-    pid_b = tl.program_id(0).to(tl.int64)
-    pid_l = tl.program_id(1)
-    part = pid_b * tl.num_programs(1) + pid_l
-    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mcol = cols < Cn
-    taps = tl.arange(0, KP)
-    mtap = taps < K
-    offs = tl.arange(0, SUB)
-    m_wc = mtap[:, None] & mcol[None, :]
-    # du[t] = sum_j w[j] gp[t - j + K // 2]: tap j's weight at [j]
-    w3 = tl.load(w_ptr + cols[None, :] * K + taps[:, None], mask=m_wc, other=0.0).to(COMPUTE)[:, None, :]
-    g_base = gp_ptr + pid_b * L * Cn
-    u_base = u_ptr + pid_b * su_b
-    acc = tl.zeros((KP, SUB, BLOCK_C), dtype=COMPUTE)
-    start = pid_l * SPAN
-    for r0 in range(start, tl.minimum(start + SPAN, L), SUB):
-        rows = r0 + offs
-        mrow = rows < L
-        m2 = mrow[:, None] & mcol[None, :]
-        gp = tl.load(g_base + rows[:, None].to(tl.int64) * Cn + cols[None, :], mask=m2, other=0.0).to(COMPUTE)
-        # input row t feeds output rows t - j + K // 2
-        rg = rows[None, :] - taps[:, None] + K // 2
-        mg = ((rg >= 0) & (rg < L) & mtap[:, None])[:, :, None] & mcol[None, None, :]
-        g3 = tl.load(g_base + rg[:, :, None].to(tl.int64) * Cn + cols[None, None, :], mask=mg, other=0.0).to(COMPUTE)
-        tl.store(du_ptr + pid_b * L * Cn + rows[:, None].to(tl.int64) * Cn + cols[None, :],
-                 tl.sum(w3 * g3, 0).to(du_ptr.dtype.element_ty), mask=m2)
-        # weight j pairs output row t with input row t + j - K // 2
-        ru = rows[None, :] + taps[:, None] - K // 2
-        mu = ((ru >= 0) & (ru < L) & mtap[:, None])[:, :, None] & mcol[None, None, :]
-        u3 = tl.load(u_base + ru[:, :, None].to(tl.int64) * su_l + cols[None, None, :], mask=mu, other=0.0).to(COMPUTE)
-        acc += gp[None, :, :] * u3
-    tl.store(dw_part_ptr + (part * K + taps[:, None]) * Cn + cols[None, :], tl.sum(acc, 1), mask=m_wc)
-
-
-@triton.jit
-def _dwconv_silu_bwd_in_tiles(u_ptr, w_ptr, gp_ptr, du_ptr, dw_part_ptr, L, Cn, su_b, su_l,
                         K: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_b, part, rows, cols, mrow, mcol = _tile(L, Cn, BLOCK_L, BLOCK_C)
     g_base = gp_ptr + pid_b * L * Cn
