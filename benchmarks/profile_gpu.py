@@ -118,8 +118,15 @@ def kernels(args):
         # yolov8n-bimamba's own calls at 640 px, batch 32 (P4 and P3 layers)
         ("b32_L1600_h4_p32_n32", 32, 1600, 4, 32, 32),
         ("b32_L6400_h2_p32_n32", 32, 6400, 2, 32, 32),
+        # yolov8s-bimamba's (P5, P4, P3)
+        ("b32_L400_h16_p32_n32", 32, 400, 16, 32, 32),
+        ("b32_L1600_h8_p32_n32", 32, 1600, 8, 32, 32),
+        ("b32_L6400_h4_p32_n32", 32, 6400, 4, 32, 32),
         ("lm_b8_L8192_h32_p64_n128", 8, 8192, 32, 64, 128),
     ]
+    unknown = set(args.shapes.split(",")) - {s[0] for s in shapes} if args.shapes else set()
+    if unknown:
+        raise SystemExit(f"profile_gpu.py kernels: unknown --shapes {sorted(unknown)}; known: {[s[0] for s in shapes]}")
     pps_list = [float(v) for v in args.pps.split(",")]
     import triton
 
