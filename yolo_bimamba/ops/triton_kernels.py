@@ -607,16 +607,19 @@ def _bi_ssd_bwd_kernel(
             dxv += dtf[:, None] * (uf + diagf[:, None] * dzf)
             tl.store(dB_ptr + go + rows[:, None] * gstride + offs_n[None, :], dBf.to(dB_ptr.dtype.element_ty), mask=m_bn)
         if DO_B:
-            dtb, ab, csb, lastb, tailb = _chunk_decay(dtb_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
-            csxb = csb - ab
-            Bbv = tl.load(Bb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-            Cbv = tl.load(Cb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-            if SHIFT:  # y_b[t] = z_b[t+1]  ->  dz_b[t] = dy[t-1]
-                r2 = rows - 1
-                m2 = ((r2 >= 0) & (r2 < L))[:, None] & mask_p[None, :]
-                dzb = tl.load(dy_ptr + xo + r2[:, None] * xstride + offs_p[None, :], mask=m2, other=0.0).to(COMPUTE)
+            if SHARE and DO_F:  # the causal direction's dt, decays, B, C and dz above are this direction's too
+                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
             else:
-                dzb = dyv
+                dtb, ab, csb, lastb, tailb = _chunk_decay(dtb_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+                Bbv = tl.load(Bb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+                Cbv = tl.load(Cb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+                if SHIFT:  # y_b[t] = z_b[t+1]  ->  dz_b[t] = dy[t-1]
+                    r2 = rows - 1
+                    m2 = ((r2 >= 0) & (r2 < L))[:, None] & mask_p[None, :]
+                    dzb = tl.load(dy_ptr + xo + r2[:, None] * xstride + offs_p[None, :], mask=m2, other=0.0).to(COMPUTE)
+                else:
+                    dzb = dyv
+            csxb = csb - ab
             eb_row = tl.exp(tailb)
             # pairs with s in later chunks (the state): dC_t = e_t dz_t Sb^T, and their output terms
             # Yb_t = dz_t . (e_t C_t Sb) = C_t . dC_t from the same product (at the state read-outs' precision, DOT_RD)
@@ -687,16 +690,19 @@ def _bi_ssd_bwd_kernel(
             S = tl.exp(lastf) * S + _dot(tl.trans(Bf * (tl.exp(tailf - af) * dtf)[:, None]), xv, DOT_ST)
             add_dcs_f = Yf
         if DO_B:
-            dtb, ab, csb, lastb, tailb = _chunk_decay(dtb_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
-            csxb = csb - ab
-            Bbv = tl.load(Bb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-            Cbv = tl.load(Cb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-            if SHIFT:
-                r2 = rows - 1
-                m2 = ((r2 >= 0) & (r2 < L))[:, None] & mask_p[None, :]
-                dzb = tl.load(dy_ptr + xo + r2[:, None] * xstride + offs_p[None, :], mask=m2, other=0.0).to(COMPUTE)
+            if SHARE and DO_F:  # as in pass A
+                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
             else:
-                dzb = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+                dtb, ab, csb, lastb, tailb = _chunk_decay(dtb_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+                Bbv = tl.load(Bb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+                Cbv = tl.load(Cb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+                if SHIFT:
+                    r2 = rows - 1
+                    m2 = ((r2 >= 0) & (r2 < L))[:, None] & mask_p[None, :]
+                    dzb = tl.load(dy_ptr + xo + r2[:, None] * xstride + offs_p[None, :], mask=m2, other=0.0).to(COMPUTE)
+                else:
+                    dzb = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+            csxb = csb - ab
             ebx = tl.exp(csxb)
             ub_in = ebx[:, None] * _dot(Bbv, dSb, DOT_RD)  # pairs with t in earlier chunks
             dBb = ebx[:, None] * _dot(xv, tl.trans(dSb), DOT_LO)
