@@ -170,19 +170,3 @@ def test_cuda_graph_stand_ins_share_storage_and_are_put_back():
         with cuda_graph._standing_in(layer, params, stand_ins):
             raise RuntimeError("boom")
     assert all(a is b for a, b in zip(layer.parameters(), params))
-
-
-def test_layer_norm_is_the_module_off_cuda_autocast():
-    """nn.norm.layer_norm takes its 16-bit path only under CUDA autocast (tests/gpu/test_gpu_block_ops.py checks that
-    path); on the CPU, also under CPU autocast and with bf16 tokens, it is the LayerNorm module's own call."""
-    from yolo_bimamba.nn.norm import layer_norm
-
-    torch.manual_seed(0)
-    norm = torch.nn.LayerNorm(8)
-    calls = []
-    norm.register_forward_hook(lambda m, i, o: calls.append(o.dtype))
-    for x in (torch.randn(2, 5, 8), torch.randn(2, 5, 8).to(torch.bfloat16)):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            got, ref = layer_norm(norm, x), norm(x)
-        assert got.dtype == ref.dtype and torch.equal(got, ref)
-    assert len(calls) == 4

@@ -8,7 +8,6 @@ from ultralytics.nn.modules import Conv
 
 from . import cuda_graph
 from .bimamba2 import BiMamba2
-from .norm import layer_norm
 
 SCAN_ORDERS = ("row", "rowcol")
 
@@ -58,9 +57,9 @@ class BiMambaLayer2D(nn.Module):
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, h, w = x.shape
         t = x.flatten(2).transpose(1, 2)  # (N, H*W, C), row-major
-        t = t + self.drop_path(self._mix(layer_norm(self.norm, t), h, w))
+        t = t + self.drop_path(self._mix(self.norm(t), h, w))
         if self.mlp is not None:
-            t = t + self.drop_path(self.mlp(layer_norm(self.norm2, t)))
+            t = t + self.drop_path(self.mlp(self.norm2(t)))
         return t.transpose(1, 2).reshape(n, c, h, w)
 
 

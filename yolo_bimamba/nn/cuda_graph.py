@@ -35,7 +35,7 @@ from torch import nn
 
 from ..ops.fused_switch import graph_tracing
 
-__all__ = ["run", "enabled", "graphed_shapes", "summary", "hooked", "MAX_SHAPES"]
+__all__ = ["run", "enabled", "graphed_shapes", "summary", "MAX_SHAPES"]
 
 MAX_SHAPES = 4  # input shapes per layer kept as graphs (training uses one or two: full batches and the last one)
 WARMUP = 2  # eager fwd+bwd runs before a capture: the Triton kernels compile and autotune there, not in the capture
@@ -66,7 +66,7 @@ def summary(model: nn.Module, kind: type) -> str:
             f"{len(layers) - len(graphed) - failed} eager")
 
 
-def hooked(layer: nn.Module) -> bool:
+def _hooked(layer: nn.Module) -> bool:
     from torch.nn.modules import module as m
 
     if m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks \
@@ -83,7 +83,7 @@ def _usable(layer: nn.Module, x: torch.Tensor, params) -> bool:
         return False
     if not params or not all(p.requires_grad and p.device == x.device for p in params):
         return False
-    return not hooked(layer)
+    return not _hooked(layer)
 
 
 @contextlib.contextmanager

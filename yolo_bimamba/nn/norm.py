@@ -6,7 +6,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops.gated_norm import gated_rmsnorm
-from .cuda_graph import hooked
 
 
 class RMSNormGated(nn.Module):
@@ -31,17 +30,3 @@ class RMSNormGated(nn.Module):
         if z is not None:
             x = x * F.silu(z.float())
         return x.to(dtype)
-
-
-def layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    """``norm(x)``, except for a 16-bit x under CUDA autocast: there autocast would run the LayerNorm on an fp32 copy
-    of x and return fp32, which the next linear layer casts back to 16 bits. This runs PyTorch's mixed-dtype
-    LayerNorm on x itself instead (statistics and arithmetic in fp32, the fp32 weight and bias as they are) and returns
-    x's dtype: the value the next layer receives is the same fp32 result rounded once, with no fp32 copies of the
-    input and output and no cast kernels. Everywhere else (CPU, fp32, export, and whenever a module hook could expect
-    ``norm`` to be called) it is ``norm(x)``."""
-    if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled("cuda") \
-            and not hooked(norm):
-        with torch.autocast("cuda", enabled=False):
-            return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
-    return norm(x)
