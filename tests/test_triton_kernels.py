@@ -680,6 +680,31 @@ def test_kernels_at_256_tiles(monkeypatch, p, n, fi):
         check_case(args, kw, fi, fitting[fi % len(fitting)])
 
 
+def test_default_backward_config_rule(monkeypatch):
+    """Without autotuning (and under the interpreter, nothing forced): the two-stage backward config at headdim and
+    d_state <= 32, config 0 above; the op launches the one the rule names."""
+    rule = triton_op.default_config
+    assert rule("bwd", dict(P=32, N=32)) == rule("bwd", dict(P=16, N=8)) == triton_op.DEFAULT_BWD_SMALL
+    assert rule("bwd", dict(P=64, N=32)) == rule("bwd", dict(P=32, N=64)) == triton_op.DEFAULT_CONFIGS["bwd"]
+    assert BWD_CONFIGS[triton_op.DEFAULT_BWD_SMALL].num_stages == 2
+    assert rule("fwd", dict(P=16, N=16)) == triton_op.DEFAULT_CONFIGS["fwd"]
+    launched = []
+    orig = triton_op._run_config
+
+    def spy(jit_fn, grid_fn, args, kwargs, cfg):
+        if jit_fn is triton_op._bi_ssd_bwd_kernel:
+            launched.append((kwargs["P"], cfg))
+        return orig(jit_fn, grid_fn, args, kwargs, cfg)
+
+    monkeypatch.setattr(triton_op, "_run_config", spy)
+    for p in (16, 64):
+        args, kw = make_inputs(b=1, l=40, h=2, g=1, p=p, n=16)
+        check_case(args, kw)
+    assert launched == [(16, BWD_CONFIGS[triton_op.DEFAULT_BWD_SMALL]),
+                        (64, BWD_CONFIGS[triton_op.DEFAULT_CONFIGS["bwd"]]),
+                        (64, BWD_CONFIGS[triton_op.DEFAULT_CONFIGS["bwd"]])], launched
+
+
 def test_split_directions_rule(monkeypatch):
     """Default ("auto"): one backward launch for BiMamba2 mode at headdim and d_state <= 32, two otherwise; the
     environment's "0" / "1" force one / two."""

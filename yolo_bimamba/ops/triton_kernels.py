@@ -27,7 +27,8 @@ sequence. By default "both" runs as two launches of this kernel, one per directi
 to the first's dx (and dB, dC when the directions share them, ACC=True): one direction per program needs far
 fewer registers, and the sum stays ordered, so results are bitwise reproducible. A last kernel
 (_bi_ssd_bwd_dt_kernel, pass C, per (batch * head)) reverse-sums the scratch -> ddt, and per-(batch, head)
-partial sums of dA, d(dt_bias); dD comes from per-(batch, head, segment) partials of the first launch.
+partial sums of dA, d(dt_bias); dD comes from per-(batch, head, segment) partials of the first launch. With
+ngroups < nheads, dB and dC are per-head fp32 buffers that _bi_ssd_fold_kernel sums over each group's heads.
 With shift=True the backward works in the unshifted frame: y_f[t] = z_f[t-1] and
 y_b[t] = z_b[t+1], so the output gradient of each direction is dy loaded at offset +1 / -1.
 

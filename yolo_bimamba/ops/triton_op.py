@@ -2,9 +2,9 @@
 
 Forward: a state kernel (segment-boundary states; skipped when the sequence is one segment) and one forward
 launch. Backward: a state kernel, one segment-kernel launch per direction (or one for both, ``split=False``),
-and the pass-C kernel, plus a few tiny reductions over the batch in torch. On CUDA the kernels are autotuned over
-:data:`FWD_CONFIGS` / :data:`BWD_CONFIGS` / :data:`STATE_CONFIGS` (``YOLO_BIMAMBA_AUTOTUNE=0``: no autotuning,
-:data:`DEFAULT_CONFIGS`); under the Triton interpreter (``TRITON_INTERPRET=1``, CPU tensors) the default configs
+the pass-C kernel, with ngroups < nheads the fold of the per-head dB, dC into groups, plus a few tiny reductions
+over the batch in torch. On CUDA the kernels are autotuned over :data:`FWD_CONFIGS` / :data:`BWD_CONFIGS` /
+:data:`STATE_CONFIGS` (``YOLO_BIMAMBA_AUTOTUNE=0``: no autotuning, :func:`default_config`); under the Triton interpreter (``TRITON_INTERPRET=1``, CPU tensors) the default configs
 run unless one is forced with :func:`force_config`.
 """
 from __future__ import annotations
@@ -41,6 +41,16 @@ _PROGRAMS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_PROGRAMS_PER_SM", "2"))
 # YOLO_BIMAMBA_AUTOTUNE=0: no autotuning (no compile of every config on first use); DEFAULT_CONFIGS are used
 _AUTOTUNE = os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1") not in ("", "0")
 DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 3}
+# ... except the backward at headdim and d_state <= 32 (the detection models' shapes): there the two-stage config was
+# 7-10 % faster than config 0 on an H200 (benchmarks/results/session9/dedup-prof-f9c7dcb.json); at 64 it was 26 % slower
+DEFAULT_BWD_SMALL = 3
+
+
+def default_config(which, kwargs) -> int:
+    """Index of the config that runs without autotuning (and under the interpreter, unless one is forced)."""
+    if which == "bwd" and max(kwargs["P"], kwargs["N"]) <= 32:
+        return DEFAULT_BWD_SMALL
+    return DEFAULT_CONFIGS[which]
 FOLD_ROWS = 32  # rows (batch * length) per program of the per-head dB, dC fold
 
 # test hook (interpreter only): run the autotuners, timed on the CPU, instead of the default configs
@@ -146,7 +156,7 @@ def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg=None):
     if idx is None and ((_INTERPRET and not _TUNE_IN_INTERPRETER) or not _AUTOTUNE):
         # under the interpreter the tests force each config explicitly (interpreter_autotune() runs the tuners, timed
         # on the CPU); without autotuning, the config that was fastest on an H200 at the detection shapes
-        idx = DEFAULT_CONFIGS[which]
+        idx = default_config(which, kwargs)
     if idx is None:
         key = (which, tuple(kwargs.items()), tuple(getattr(a, "dtype", None) for a in args))
         cfg = _chosen.get(key)
