@@ -4,8 +4,9 @@ Forward: a state kernel (segment-boundary states; skipped when the sequence is o
 launch. Backward: a state kernel, one segment-kernel launch per direction (or one for both, ``split=False``),
 the pass-C kernel, with ngroups < nheads the fold of the per-head dB, dC into groups, plus a few tiny reductions
 over the batch in torch. On CUDA the kernels are autotuned over :data:`FWD_CONFIGS` / :data:`BWD_CONFIGS` /
-:data:`STATE_CONFIGS` (``YOLO_BIMAMBA_AUTOTUNE=0``: no autotuning, :func:`default_config`); under the Triton interpreter (``TRITON_INTERPRET=1``, CPU tensors) the default configs
-run unless one is forced with :func:`force_config`.
+:data:`STATE_CONFIGS` (``YOLO_BIMAMBA_AUTOTUNE=0``: no autotuning, :func:`default_config`); under the Triton
+interpreter (``TRITON_INTERPRET=1``, CPU tensors) the default configs run unless one is forced with
+:func:`force_config`.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ _SPLIT_DIRECTIONS = os.environ.get("YOLO_BIMAMBA_SPLIT_DIRECTIONS", "auto").stri
 # 4 and 8 on an H200 at every shape of benchmarks/profile_gpu.py (fewer segments: a shorter state-kernel walk and fewer
 # boundary states), e.g. b16 L1600 h8 fwd+bwd 1.89 / 2.12 / 2.04 ms GPU time (benchmarks/results/prof-*.json)
 _PROGRAMS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_PROGRAMS_PER_SM", "2"))
-# YOLO_BIMAMBA_AUTOTUNE=0: no autotuning (no compile of every config on first use); DEFAULT_CONFIGS are used
+# YOLO_BIMAMBA_AUTOTUNE=0: no autotuning (no compile of every config on first use); default_config's configs are used
 _AUTOTUNE = os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1") not in ("", "0")
 DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 3}
 # ... except the backward at headdim and d_state <= 32 (the detection models' shapes): there the two-stage config was
@@ -51,6 +52,8 @@ def default_config(which, kwargs) -> int:
     if which == "bwd" and max(kwargs["P"], kwargs["N"]) <= 32:
         return DEFAULT_BWD_SMALL
     return DEFAULT_CONFIGS[which]
+
+
 FOLD_ROWS = 32  # rows (batch * length) per program of the per-head dB, dC fold
 
 # test hook (interpreter only): run the autotuners, timed on the CPU, instead of the default configs
@@ -378,7 +381,7 @@ class _BiSSDFn(torch.autograd.Function):
             # with SHARE the first launch did the in-chunk pairs of both directions and the second does the pairs
             # across chunks: both must cut the sequence into the same chunks, so the second runs the first's config
             # (the autotuner would time each launch alone and could pick another BLOCK_Q for each)
-            bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True}, cfg=used if kwargs["SHARE"] else None)
+            bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True}, cfg=used if share else None)
         else:
             bwd(args(dB, dC, dBb, dCb), {**kwargs, "ACC": False})
         _bi_ssd_bwd_dt_kernel[(b * h,)](
