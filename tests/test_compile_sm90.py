@@ -106,10 +106,20 @@ def _call_op(dtype_name, p, n, g, h, v):
 
     # segments of 256 rows (4 at L = 1000): the state kernel runs in every variant; "split" picks how the
     # backward runs both directions (two launches, the default, or one)
-    with force_config(seg=256, split=v.get("split")):
-        y = bi_ssd_triton(x, dtt, A, B, C, **kw)
-        leaves = [t for t in [x, dtt, A, B, C, *kw.values()] if isinstance(t, torch.Tensor)]
-        torch.autograd.grad(y, leaves, torch.randn_like(y))
+    from yolo_bimamba.ops.triton_kernels import BWD_CONFIGS, bwd_config_fits
+
+    # the backward's segment and in-chunk pairs kernels cut the sequence into the same chunks: after the autotuned
+    # run, once more per BLOCK_Q with a backward config of that BLOCK_Q forced, so that the pairs kernel is compiled
+    # for every chunk size (the kernels recorded already are not recorded twice)
+    per_q = {}
+    for i, cfg in enumerate(BWD_CONFIGS):
+        if bwd_config_fits(cfg, p, n):
+            per_q.setdefault(cfg.kwargs["BLOCK_Q"], i)
+    for bwd in [None, *per_q.values()]:
+        with force_config(seg=256, split=v.get("split"), bwd=bwd):
+            y = bi_ssd_triton(x, dtt, A, B, C, **kw)
+            leaves = [t for t in [x, dtt, A, B, C, *kw.values()] if isinstance(t, torch.Tensor)]
+            torch.autograd.grad(y, leaves, torch.randn_like(y))
 
 
 def _call_dwconv(dtype_name):
@@ -305,6 +315,9 @@ def _worker(out_path: str, dtypes: list[str], manual_signature: bool = False) ->
                 self.fn.run(*args, **kwargs, **cfg.all_kwargs())
             finally:
                 ctx["config"] = ctx["config_index"] = None
+        # the op launches its backward's in-chunk pairs kernel in the chunks (BLOCK_Q) of the config the segment
+        # kernel ran: "chosen" here is the first config kept (_call_op forces one per BLOCK_Q as well)
+        self.best_config = keep[0]
         return None
 
     tjit.JITFunction.run = record_run

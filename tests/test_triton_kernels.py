@@ -14,7 +14,9 @@ triton = pytest.importorskip("triton")
 
 from yolo_bimamba.ops import bi_ssd, bi_ssd_reference  # noqa: E402
 from yolo_bimamba.ops import triton_op  # noqa: E402
-from yolo_bimamba.ops.triton_op import BWD_CONFIGS, FWD_CONFIGS, STATE_CONFIGS, bi_ssd_triton, force_config  # noqa: E402
+from yolo_bimamba.ops.triton_op import (  # noqa: E402
+    BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, STATE_CONFIGS, bi_ssd_triton, force_config,
+)
 from yolo_bimamba.ops.triton_kernels import SEG_MULTIPLE  # noqa: E402
 from stress_recipes import STRESS  # noqa: E402
 
@@ -207,6 +209,22 @@ def test_every_bwd_config(bi):
         args, kw = make_inputs(l=l, seed=bi, **opt)
         kw.update(direction=direction, shift=shift)
         check_case(args, kw, 0, bi)
+
+
+@pytest.mark.parametrize("pi", range(len(PAIRS_CONFIGS)))
+def test_every_pairs_config(pi):
+    """The backward's in-chunk pairs kernel under each of its configs, in both chunk sizes (the segment kernel's
+    BLOCK_Q), in BiMamba2, Hydra and one-direction modes."""
+    cases = [(_first_with_q(BWD_CONFIGS, 32), 40, dict(direction="both")),
+             (_first_with_q(BWD_CONFIGS, 64), 70, dict(direction="both", shift=True, sep=True, g=2, h=4)),
+             (_first_with_q(BWD_CONFIGS, 32), 33, dict(direction="backward", d_shape="hp"))]
+    for bi, l, opt in cases:
+        opt = dict(opt)
+        direction, shift = opt.pop("direction"), opt.pop("shift", False)
+        args, kw = make_inputs(l=l, seed=l + pi, **opt)
+        kw.update(direction=direction, shift=shift)
+        with force_config(pairs=pi):
+            check_case(args, kw, 0, bi)
 
 
 # 2b. segment-parallel passes: every state-kernel config, several segments (the last one partial), the backward's
@@ -421,7 +439,7 @@ def test_autotuned_launch_matches_reference(sep):
         calls.append(1)
         return orig(fn, quantiles)
 
-    tuners = (triton_op._fwd_tuned, triton_op._bwd_tuned, triton_op._state_tuned)
+    tuners = (triton_op._fwd_tuned, triton_op._bwd_tuned, triton_op._state_tuned, triton_op._pairs_tuned)
     for tuned in tuners:
         tuned.do_bench = counting_bench  # instance attribute over the autotuner's cached property
     try:
@@ -430,18 +448,20 @@ def test_autotuned_launch_matches_reference(sep):
     finally:
         for tuned in tuners:
             tuned.__dict__.pop("do_bench", None)
-    # the tuners really ran: every config of the forward, the two state walks and the backward launches was timed
-    # (BiMamba2 mode: the second backward launch runs the first one's config, see the next test; Hydra mode: both tuned)
+    # the tuners really ran: every config of the forward, the two state walks, the backward launches and the in-chunk
+    # pairs launches was timed (BiMamba2 mode: the second segment launch runs the first one's config and one pairs
+    # launch does both directions, see the next test; Hydra mode: each direction's launches tuned)
     bwd_tuned = 2 if sep else 1
-    assert len(calls) >= len(FWD_CONFIGS) + 2 * len(STATE_CONFIGS) + bwd_tuned * len(BWD_CONFIGS), len(calls)
+    assert len(calls) >= len(FWD_CONFIGS) + 2 * len(STATE_CONFIGS) + bwd_tuned * (len(BWD_CONFIGS) + len(PAIRS_CONFIGS)), \
+        len(calls)
 
 
 def test_second_backward_launch_runs_the_first_launchs_config(monkeypatch):
-    """BiMamba2 mode (same dt, B, C, no shift): the first backward launch does the in-chunk pairs of both directions
-    and the second the pairs across chunks, so both must cut the sequence into the same chunks. An autotuner that
-    chose a BLOCK_Q of 64 for the first launch and of 32 for the second (each timed alone) would count some pairs
-    twice and miss others. Here the op's config cache says exactly that; the result must still match the reference,
-    and the second launch must have run the first one's BLOCK_Q."""
+    """BiMamba2 mode (same dt, B, C, no shift): the two segment launches do the pairs across chunks of one direction
+    each and one pairs launch does the in-chunk pairs of both, so all three must cut the sequence into the same
+    chunks. An autotuner that chose a BLOCK_Q of 64 for the first launch and of 32 for the second (each timed alone)
+    would count some pairs twice and miss others. Here the op's config cache says exactly that; the result must still
+    match the reference, and the second segment launch and the pairs launch must have run the first one's BLOCK_Q."""
     big = next(c for c in BWD_CONFIGS if c.kwargs["BLOCK_Q"] == 64)
     small = next(c for c in BWD_CONFIGS if c.kwargs["BLOCK_Q"] == 32)
 
@@ -449,7 +469,8 @@ def test_second_backward_launch_runs_the_first_launchs_config(monkeypatch):
         def get(self, key, default=None):
             which, kwargs = key[0], dict(key[1])
             if which != "bwd":
-                return {"fwd": FWD_CONFIGS, "state": STATE_CONFIGS}[which][triton_op.DEFAULT_CONFIGS[which]]
+                return {"fwd": FWD_CONFIGS, "state": STATE_CONFIGS, "pairs": PAIRS_CONFIGS}[which][
+                    triton_op.DEFAULT_CONFIGS[which]]
             return big if kwargs["DO_F"] else small
 
     launched = []
@@ -459,6 +480,8 @@ def test_second_backward_launch_runs_the_first_launchs_config(monkeypatch):
         used = orig(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg)
         if which == "bwd":
             launched.append(used.kwargs["BLOCK_Q"])
+        elif which == "pairs":
+            launched.append(("pairs", kwargs["BLOCK_Q"]))
         return used
 
     monkeypatch.setattr(triton_op, "_chosen", SplitMinds())
@@ -467,7 +490,7 @@ def test_second_backward_launch_runs_the_first_launchs_config(monkeypatch):
     args, kw = make_inputs(b=1, l=2 * SEG_MULTIPLE + 37, h=2, g=1, p=16, n=16)
     with force_config(split=True):
         check_case(args, kw)
-    assert launched == [64, 64], launched
+    assert launched == [64, 64, ("pairs", 64)], launched
 
 
 def test_tuned_config_is_reused_without_the_autotuner():
@@ -475,7 +498,7 @@ def test_tuned_config_is_reused_without_the_autotuner():
     Autotuner's host cost skipped), with the same results bit for bit; other dtypes or flags go back to the tuners."""
     args, kw = make_inputs(b=2, l=2 * SEG_MULTIPLE + 5, h=2, g=1, p=16, n=16)
     dy = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(3)).to(DEV)
-    tuners = (triton_op._fwd_tuned, triton_op._bwd_tuned, triton_op._state_tuned)
+    tuners = (triton_op._fwd_tuned, triton_op._bwd_tuned, triton_op._state_tuned, triton_op._pairs_tuned)
     runs = []
     origs = [t.run for t in tuners]
     for t, orig in zip(tuners, origs):
@@ -496,16 +519,16 @@ def test_tuned_config_is_reused_without_the_autotuner():
         with triton_op.interpreter_autotune(), force_config(seg=SEG_MULTIPLE, split=True):
             first = run_triton(args, kw, dy, poison=False)
             n_tuned = len(runs)
-            # state + fwd; state + the first backward launch (the second runs its config: BiMamba2 mode)
-            assert n_tuned == 4
-            assert len(triton_op._chosen) == 4
+            # state + fwd; state + the first backward launch (the second runs its config: BiMamba2 mode) + pairs
+            assert n_tuned == 5
+            assert len(triton_op._chosen) == 5
             launched.clear()
             second = run_triton(args, kw, dy, poison=False)
             assert len(runs) == n_tuned, "the second call went through the autotuners again"
             # the launches of the second call used the configs the tuners chose
             expected = {(jits[t], tuple(sorted(t.cache[k].kwargs.items())), t.cache[k].num_warps)
                         for t in tuners for k in t.cache}
-            cfg_keys = {jits[t]: set(t.configs[0].kwargs) for t in tuners}  # (BLOCK_P is an argument of the bwd)
+            cfg_keys = {jits[t]: set(t.configs[0].kwargs) for t in tuners}  # (BLOCK_P: bwd argument; BLOCK_Q: pairs)
             got = {(fn, tuple(sorted((k, v) for k, v in meta.items() if k in cfg_keys[fn])), meta["num_warps"])
                    for fn, meta in launched if fn in cfg_keys}
             assert got and got <= expected, (got, expected)
@@ -527,7 +550,7 @@ def test_force_config_nests():
     one, so the segment tests above really run the segments and state configs they name."""
     with force_config(state=1, seg=2 * SEG_MULTIPLE, split=False):
         with force_config(fwd=0, bwd=0):
-            assert triton_op._forced == dict(fwd=0, bwd=0, state=1, seg=2 * SEG_MULTIPLE, split=False)
+            assert triton_op._forced == dict(fwd=0, bwd=0, state=1, pairs=None, seg=2 * SEG_MULTIPLE, split=False)
             assert triton_op.segment_rows(1, 1, 10 * SEG_MULTIPLE, torch.device(DEV)) == 2 * SEG_MULTIPLE
         assert triton_op._forced["fwd"] is None and triton_op._forced["seg"] == 2 * SEG_MULTIPLE
     assert all(v is None for v in triton_op._forced.values())

@@ -345,22 +345,23 @@ def test_odd_length_groups_channel_D_dt_limit(dtype):
 def config_forcers():
     """[(label, context manager factory)] for every config of every kernel (kernel helper's API).
 
-    ``triton_op.force_config(fwd=i, bwd=j, state=k, split=...)`` with ``FWD_CONFIGS`` / ``BWD_CONFIGS`` /
-    ``STATE_CONFIGS``: the lists are cycled together, so every config of each list runs at least once,
-    with the backward's two directions alternately in two launches and in one.
+    ``triton_op.force_config(fwd=i, bwd=j, state=k, pairs=m, split=...)`` with ``FWD_CONFIGS`` / ``BWD_CONFIGS`` /
+    ``STATE_CONFIGS`` / ``PAIRS_CONFIGS``: the lists are cycled together, so every config of each list runs at least
+    once, with the backward's two directions alternately in two launches and in one.
     """
     if BACKEND != "triton":
         return [("default", contextlib.nullcontext)]
     from yolo_bimamba.ops import triton_kernels as tk
     from yolo_bimamba.ops import triton_op as to
 
-    nf, nb, ns = len(tk.FWD_CONFIGS), len(tk.BWD_CONFIGS), len(tk.STATE_CONFIGS)
+    nf, nb, ns, npair = len(tk.FWD_CONFIGS), len(tk.BWD_CONFIGS), len(tk.STATE_CONFIGS), len(tk.PAIRS_CONFIGS)
     out = []
-    for i in range(max(nf, nb, ns)):
-        fi, bi, si = i % nf, i % nb, i % ns
+    for i in range(max(nf, nb, ns, npair)):
+        fi, bi, si, pi = i % nf, i % nb, i % ns, i % npair
         split = i % 2 == 0  # the backward's directions in two launches or in one
-        out.append((f"fwd{fi}-bwd{bi}-state{si}-{'split' if split else 'fused'}",
-                    lambda fi=fi, bi=bi, si=si, split=split: to.force_config(fwd=fi, bwd=bi, state=si, split=split)))
+        out.append((f"fwd{fi}-bwd{bi}-state{si}-pairs{pi}-{'split' if split else 'fused'}",
+                    lambda fi=fi, bi=bi, si=si, pi=pi, split=split: to.force_config(
+                        fwd=fi, bwd=bi, state=si, pairs=pi, split=split)))
     return out
 
 
@@ -454,7 +455,7 @@ def test_autotuned_first_call(dtype):
         pytest.skip("autotuning belongs to the triton backend")
     old = to._AUTOTUNE
     to._AUTOTUNE = True
-    for tuned in (to._fwd_tuned, to._bwd_tuned, to._state_tuned):
+    for tuned in (to._fwd_tuned, to._bwd_tuned, to._state_tuned, to._pairs_tuned):
         tuned.cache.clear()
     to._chosen.clear()
     try:

@@ -90,6 +90,12 @@ BWD_CONFIGS = [
 ]
 
 
+# the backward's in-chunk pairs (one chunk per program): warps only, BLOCK_Q is the segment kernel's (the same chunks).
+# 2 warps were the fastest on an H200 at every profiled shape (b32 L1600 h8 p32 n32: 0.188 ms, 4 warps 0.310, 8 warps
+# 0.826; b16 L1600 h8 p64 n64: 0.159 / 0.176 / 0.238: benchmarks/results/session10)
+PAIRS_CONFIGS = [triton.Config({}, num_warps=nw) for nw in (2, 4, 8)]
+
+
 # the chunk-boundary state walk (one state kind per program, one block of headdim): the forward's tiles, and the
 # largest with two pipeline stages (0.121 vs 0.146 ms at b16 L1600 h8 p64 n64 on an H200; two stages made the
 # forward kernel slower, up to 1.8x at the LM shape, so it keeps one)
@@ -477,6 +483,22 @@ def _bi_ssd_state_kernel(
 
 
 @triton.jit
+def _dir_chunk(dt_ptr, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn, bn_off, L, H,
+               xstride, dt_lo, dt_hi, DZ_SHIFT: tl.constexpr, SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr,
+               BLOCK_Q: tl.constexpr):
+    """One direction's inputs of a chunk in the backward: processed dt, log-decays, their cumsums (_chunk_decay), B,
+    C and the gradient dz of the direction's unshifted output z, loaded at rows + DZ_SHIFT (Hydra's shift:
+    y_f[t] = z_f[t-1] -> dz_f[t] = dy[t+1], shift +1; y_b[t] = z_b[t+1] -> dz_b[t] = dy[t-1], shift -1)."""
+    dtv, a, cs, last, tail = _chunk_decay(dt_ptr, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+    Bv = tl.load(B_ptr + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+    Cv = tl.load(C_ptr + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+    r = rows + DZ_SHIFT
+    m_z = (mrow & (r >= 0) & (r < L))[:, None] & mask_p[None, :]
+    dz = tl.load(dy_ptr + r[:, None] * xstride + offs_p[None, :], mask=m_z, other=0.0).to(COMPUTE)
+    return dtv, a, cs, last, tail, Bv, Cv, dz
+
+
+@triton.jit
 def _bi_ssd_bwd_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, dy_ptr,
     dx_ptr, dB_ptr, dC_ptr, ddt_ptr, dBb_ptr, dCb_ptr, ddtb_ptr, scr_ptr, part_ptr, st_ptr,
@@ -485,8 +507,11 @@ def _bi_ssd_bwd_kernel(
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SEPARATE: tl.constexpr, SHARE: tl.constexpr,
     HAS_D: tl.constexpr, D_PER_P: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
     GRAD_PER_HEAD: tl.constexpr, ACC: tl.constexpr, COMPUTE: tl.constexpr, DOT_ST: tl.constexpr,
-    DOT_RD: tl.constexpr, DOT_MID: tl.constexpr, DOT_IN: tl.constexpr, DOT_LO: tl.constexpr, BLOCK_Q: tl.constexpr,
+    DOT_RD: tl.constexpr, DOT_LO: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
+    """The backward's state terms (pairs across chunks), one program per (batch * head, segment); the in-chunk
+    pairs are _bi_ssd_bwd_pairs_kernel's, which adds to what this kernel wrote. ACC: a launch before this one (the
+    other direction's) wrote dx, dB, dC and dD's partials already."""
     pid = tl.program_id(0)
     seg = tl.program_id(1)
     hidx, gidx, b64 = _head_coords(pid, H, G)
@@ -496,8 +521,6 @@ def _bi_ssd_bwd_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     mask_p = offs_p < P
     mask_n = offs_n < N
-    tt = offs_q[:, None]
-    ss = offs_q[None, :]
 
     xo = b64 * L * H * P + hidx * P  # x, dy, dx
     dto = b64 * L * H + hidx  # dt, ddt
@@ -519,6 +542,8 @@ def _bi_ssd_bwd_kernel(
     xstride = H * P
     bstride = G * N
     gstride = GS * N
+    SH_F: tl.constexpr = 1 if SHIFT else 0
+    SH_B: tl.constexpr = -1 if SHIFT else 0
     # this program's rows: chunks [c0, c1) = segment seg; the states at its ends come from the state kernel
     nseg = tl.cdiv(L, SEG)
     c0 = seg * (SEG // BLOCK_Q)
@@ -541,106 +566,48 @@ def _bi_ssd_bwd_kernel(
         c = c1 - 1 - ci
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
         xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-        dyv = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-        if not ACC:  # (dD from the first launch only)
-            dD_acc += tl.sum(dyv * xv, 0)
         if ACC and DO_F:  # the other direction's launch wrote dx (with D dy) already
             dxv = tl.load(dx_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-        elif ACC:
-            dxv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)  # not stored
-        elif HAS_D:
-            dxv = Dv * dyv
         else:
             dxv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)
-        vf_dcs = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
-        vf_ddt = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
-        vf_dadir = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
-        vb_dcs = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
-        vb_dadir = tl.zeros((BLOCK_Q,), dtype=COMPUTE)
+        if not ACC:  # D dy and dD (from the first launch only)
+            dyv = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+            dD_acc += tl.sum(dyv * xv, 0)
+            if HAS_D:
+                dxv += Dv * dyv
         dCv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
         if DO_F:
-            dtf, af, csf, lastf, tailf = _chunk_decay(dt_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
-            Bf = tl.load(B_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-            Cf = tl.load(C_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-            if SHIFT:  # y_f[t] = z_f[t-1]  ->  dz_f[t] = dy[t+1]
-                r1 = rows + 1
-                m1 = (r1 < L)[:, None] & mask_p[None, :]
-                dzf = tl.load(dy_ptr + xo + r1[:, None] * xstride + offs_p[None, :], mask=m1, other=0.0).to(COMPUTE)
-            else:
-                dzf = dyv
-            CBf = _dot(Cf, tl.trans(Bf), DOT_IN)
-            if SHARE:  # the in-chunk pairs of both directions (_pair_decay); the other launch does the states only
-                decf = _pair_decay(csf, af, tt, ss)
-                offd = tt != ss
-                ndiag = 2.0
-            else:
-                decf = tl.exp(tl.where(tt >= ss, csf[:, None] - csf[None, :], float("-inf")))
-                offd = tt > ss
-                ndiag = 1.0
+            dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk(
+                dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p,
+                m_bn, bn_off, L, H, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q)
+            # pairs with t in later chunks: through the gradient dS of the state leaving this chunk
             ef_end = tl.exp(tailf - af)
-            # the diagonal (s == t) term does not depend on the decays: it is kept out of the
-            # per-position log-decay gradients (where it would cancel only up to rounding)
-            diagf = tl.sum(Cf * Bf, 1) * ndiag
-            uf_in = ef_end[:, None] * _dot(Bf, dS, DOT_RD)  # pairs with t in later chunks
-            uf = _dot(tl.trans(tl.where(offd, CBf * decf, 0.0)), dzf, DOT_MID) + uf_in
-            # (dz_t . x_s) decay(t, s): two loaded inputs (DOT_IN); it also gives the in-chunk pair terms below
-            Mf = _dot(dzf, tl.trans(xv), DOT_IN) * decf
-            dBf = dtf[:, None] * (_dot(tl.trans(Mf), Cf, DOT_LO) + ef_end[:, None] * _dot(xv, tl.trans(dS), DOT_LO))
-            dCv += _dot(Mf * dtf[None, :], Bf, DOT_LO)
+            uf_in = ef_end[:, None] * _dot(Bf, dS, DOT_RD)
+            dBf = (dtf * ef_end)[:, None] * _dot(xv, tl.trans(dS), DOT_LO)
             dS = tl.exp(lastf) * dS + _dot(tl.trans(Cf * tl.exp(csf)[:, None]), dzf, DOT_ST)
-            xu = tl.sum(uf * xv, 1)
-            # log-decay gradient, pairs inside the chunk: P[t, s] (t > s) spans the steps s+1..t, so
-            # da[j] = sum_{t >= j > s} P[t, s] = reverse cumsum of (row sums - column sums), local to the chunk;
-            # only the pairs across chunks (uf_in here, the state term of pass B) are telescoped over the sequence
-            Pf = tl.where(offd, Mf * CBf, 0.0) * dtf[None, :]
-            if SHARE:
-                # the anti-causal pairs (above the diagonal) span the steps t..s-1: their share is the forward cumsum
-                # (as vb_dadir below). With the same dt in both directions, pass C uses only the sum of the two
-                # directions' log-decay gradients, so it may sit in this direction's slot.
-                Pb = tl.where(ss > tt, Pf, 0.0)
-                Pf = Pf - Pb
-                vf_dadir = tl.cumsum(tl.sum(Pf, 1) - tl.sum(Pf, 0), 0, reverse=True) + \
-                    tl.cumsum(tl.sum(Pb, 1) - tl.sum(Pb, 0), 0)
-            else:
-                vf_dadir = tl.cumsum(tl.sum(Pf, 1) - tl.sum(Pf, 0), 0, reverse=True)
-            vf_dcs = -dtf * tl.sum(uf_in * xv, 1)
-            vf_ddt = xu + diagf * tl.sum(dzf * xv, 1)
-            dxv += dtf[:, None] * (uf + diagf[:, None] * dzf)
+            xin = tl.sum(uf_in * xv, 1)
+            dxv += dtf[:, None] * uf_in
             tl.store(dB_ptr + go + rows[:, None] * gstride + offs_n[None, :], dBf.to(dB_ptr.dtype.element_ty), mask=m_bn)
+            tl.store(scr_ptr + so + rows, -dtf * xin, mask=mrow)
+            tl.store(scr_ptr + so + L + rows, xin, mask=mrow)
         if DO_B:
             if SHARE and DO_F:  # the causal direction's dt, decays, B, C and dz above are this direction's too
                 dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
             else:
-                dtb, ab, csb, lastb, tailb = _chunk_decay(dtb_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
-                Bbv = tl.load(Bb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-                Cbv = tl.load(Cb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-                if SHIFT:  # y_b[t] = z_b[t+1]  ->  dz_b[t] = dy[t-1]
-                    r2 = rows - 1
-                    m2 = ((r2 >= 0) & (r2 < L))[:, None] & mask_p[None, :]
-                    dzb = tl.load(dy_ptr + xo + r2[:, None] * xstride + offs_p[None, :], mask=m2, other=0.0).to(COMPUTE)
-                else:
-                    dzb = dyv
-            csxb = csb - ab
-            eb_row = tl.exp(tailb)
+                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_chunk(
+                    dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p,
+                    mask_p, m_bn, bn_off, L, H, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q)
             # pairs with s in later chunks (the state): dC_t = e_t dz_t Sb^T, and their output terms
             # Yb_t = dz_t . (e_t C_t Sb) = C_t . dC_t from the same product (at the state read-outs' precision, DOT_RD)
-            dCb = eb_row[:, None] * _dot(dzb, tl.trans(Sb), DOT_RD)
+            dCb = tl.exp(tailb)[:, None] * _dot(dzb, tl.trans(Sb), DOT_RD)
             Yb = tl.sum(Cbv * dCb, 1)
-            vb_dcs = -Yb
-            vb_dadir = Yb
-            if not SHARE:  # (with SHARE the causal direction's code did the in-chunk pairs)
-                CBb = _dot(Cbv, tl.trans(Bbv), DOT_IN)
-                decb = tl.exp(tl.where(ss >= tt, csxb[None, :] - csxb[:, None], float("-inf")))
-                Mb = _dot(dzb, tl.trans(xv), DOT_IN) * decb
-                dCb += _dot(Mb * dtb[None, :], Bbv, DOT_LO)
-                # pairs inside the chunk: P[t, s] (s > t) spans the steps t..s-1: da[j] = sum_{t <= j < s} P[t, s]
-                Pb = tl.where(ss > tt, Mb * CBb, 0.0) * dtb[None, :]
-                vb_dadir += tl.cumsum(tl.sum(Pb, 1) - tl.sum(Pb, 0), 0)
-            Sb = tl.exp(lastb) * Sb + _dot(tl.trans(Bbv * (tl.exp(csxb) * dtb)[:, None]), xv, DOT_ST)
+            Sb = tl.exp(lastb) * Sb + _dot(tl.trans(Bbv * (tl.exp(csb - ab) * dtb)[:, None]), xv, DOT_ST)
             if SEPARATE:
                 tl.store(dCb_ptr + go + rows[:, None] * gstride + offs_n[None, :], dCb.to(dCb_ptr.dtype.element_ty), mask=m_bn)
             else:
                 dCv += dCb
+            tl.store(scr_ptr + so + 2 * L + rows, Yb, mask=mrow)
+            tl.store(scr_ptr + so + 3 * L + rows, -Yb, mask=mrow)
         if DO_F or (not ACC):  # (an anti-causal launch adding to an earlier launch's dx does so in pass B)
             tl.store(dx_ptr + xo + xy_off, dxv.to(dx_ptr.dtype.element_ty), mask=m_xp)
         if DO_F or (not SEPARATE):
@@ -648,14 +615,6 @@ def _bi_ssd_bwd_kernel(
             if ACC and (not SEPARATE):  # add to the other direction's dC
                 dCv += tl.load(dC_ptrs, mask=m_bn, other=0.0).to(COMPUTE)
             tl.store(dC_ptrs, dCv.to(dC_ptr.dtype.element_ty), mask=m_bn)
-        # each direction owns its scratch slots, so the two directions may run as two launches
-        if DO_F:
-            tl.store(scr_ptr + so + rows, vf_dcs, mask=mrow)
-            tl.store(scr_ptr + so + L + rows, vf_ddt, mask=mrow)
-            tl.store(scr_ptr + so + 5 * L + rows, vf_dadir, mask=mrow)
-        if DO_B:
-            tl.store(scr_ptr + so + 2 * L + rows, vb_dadir, mask=mrow)
-            tl.store(scr_ptr + so + 3 * L + rows, vb_dcs, mask=mrow)
 
     tl.debug_barrier()
     # ------------------------------------------------------------------ pass B (forward walk)
@@ -671,60 +630,35 @@ def _bi_ssd_bwd_kernel(
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
         xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
         if DO_F:
-            dtf, af, csf, lastf, tailf = _chunk_decay(dt_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
-            Bf = tl.load(B_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-            Cf = tl.load(C_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-            if SHIFT:
-                r1 = rows + 1
-                m1 = (r1 < L)[:, None] & mask_p[None, :]
-                dzf = tl.load(dy_ptr + xo + r1[:, None] * xstride + offs_p[None, :], mask=m1, other=0.0).to(COMPUTE)
-            else:
-                dzf = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-            ecs = tl.exp(csf)
-            # pairs with s in earlier chunks (the in-chunk pairs were done in pass A): dC_t = e_t dz_t S^T, and their
-            # output terms Yf_t = dz_t . (e_t C_t S) = C_t . dC_t from the same product (DOT_RD, as for Yb)
-            dC_inter = ecs[:, None] * _dot(dzf, tl.trans(S), DOT_RD)
+            dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk(
+                dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p,
+                m_bn, bn_off, L, H, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q)
+            # pairs with s in earlier chunks: dC_t = e_t dz_t S^T, and their output terms Yf_t = dz_t . (e_t C_t S)
+            # = C_t . dC_t from the same product (DOT_RD, as for Yb)
+            dC_inter = tl.exp(csf)[:, None] * _dot(dzf, tl.trans(S), DOT_RD)
             Yf = tl.sum(Cf * dC_inter, 1)
             dC_ptrs = dC_ptr + go + rows[:, None] * gstride + offs_n[None, :]
             dC_inter += tl.load(dC_ptrs, mask=m_bn, other=0.0).to(COMPUTE)
             tl.store(dC_ptrs, dC_inter.to(dC_ptr.dtype.element_ty), mask=m_bn)
             S = tl.exp(lastf) * S + _dot(tl.trans(Bf * (tl.exp(tailf - af) * dtf)[:, None]), xv, DOT_ST)
-            add_dcs_f = Yf
+            s0 = tl.load(scr_ptr + so + rows, mask=mrow, other=0.0)
+            tl.store(scr_ptr + so + rows, s0 + Yf, mask=mrow)
         if DO_B:
             if SHARE and DO_F:  # as in pass A
                 dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
             else:
-                dtb, ab, csb, lastb, tailb = _chunk_decay(dtb_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
-                Bbv = tl.load(Bb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-                Cbv = tl.load(Cb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-                if SHIFT:
-                    r2 = rows - 1
-                    m2 = ((r2 >= 0) & (r2 < L))[:, None] & mask_p[None, :]
-                    dzb = tl.load(dy_ptr + xo + r2[:, None] * xstride + offs_p[None, :], mask=m2, other=0.0).to(COMPUTE)
-                else:
-                    dzb = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-            csxb = csb - ab
-            ebx = tl.exp(csxb)
-            ub_in = ebx[:, None] * _dot(Bbv, dSb, DOT_RD)  # pairs with t in earlier chunks
-            dBb = ebx[:, None] * _dot(xv, tl.trans(dSb), DOT_LO)
+                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_chunk(
+                    dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p,
+                    mask_p, m_bn, bn_off, L, H, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q)
+            # pairs with t in earlier chunks: through the gradient dSb of the anti-causal state of earlier rows
+            ebx = tl.exp(csb - ab)
+            ub_in = ebx[:, None] * _dot(Bbv, dSb, DOT_RD)
+            dBb = (dtb * ebx)[:, None] * _dot(xv, tl.trans(dSb), DOT_LO)
             xub_in = tl.sum(ub_in * xv, 1)
             Xb = dtb * xub_in
-            if SHARE:  # state terms only: the causal direction's code did the in-chunk pairs and the diagonal
-                ub = ub_in
-                vb_ddt = xub_in
-            else:
-                CBb = _dot(Cbv, tl.trans(Bbv), DOT_IN)
-                decb = tl.exp(tl.where(ss >= tt, csxb[None, :] - csxb[:, None], float("-inf")))
-                diagb = tl.sum(Cbv * Bbv, 1)
-                ub_mid = _dot(tl.trans(tl.where(ss > tt, CBb * decb, 0.0)), dzb, DOT_MID)
-                Mb = _dot(dzb, tl.trans(xv), DOT_LO) * decb
-                dBb += _dot(tl.trans(Mb), Cbv, DOT_LO)
-                ub = ub_mid + ub_in + diagb[:, None] * dzb
-                vb_ddt = tl.sum(ub * xv, 1)
-            dBb = dtb[:, None] * dBb
             dSb = tl.exp(lastb) * dSb + _dot(tl.trans(Cbv * tl.exp(tailb)[:, None]), dzb, DOT_ST)
             dx_ptrs = dx_ptr + xo + xy_off
-            dxb = dtb[:, None] * ub + tl.load(dx_ptrs, mask=m_xp, other=0.0).to(COMPUTE)
+            dxb = dtb[:, None] * ub_in + tl.load(dx_ptrs, mask=m_xp, other=0.0).to(COMPUTE)
             tl.store(dx_ptrs, dxb.to(dx_ptr.dtype.element_ty), mask=m_xp)
             if SEPARATE:
                 tl.store(dBb_ptr + go + rows[:, None] * gstride + offs_n[None, :], dBb.to(dBb_ptr.dtype.element_ty), mask=m_bn)
@@ -733,22 +667,135 @@ def _bi_ssd_bwd_kernel(
                 if DO_F or ACC:
                     dBb += tl.load(dB_ptrs, mask=m_bn, other=0.0).to(COMPUTE)
                 tl.store(dB_ptrs, dBb.to(dB_ptr.dtype.element_ty), mask=m_bn)
-            add_dcs_b = Xb
-            add_ddt_b = vb_ddt
-        # one read-add-write per scratch slot and chunk (rows written in pass A)
-        if DO_F:
-            s0 = tl.load(scr_ptr + so + rows, mask=mrow, other=0.0)
-            tl.store(scr_ptr + so + rows, s0 + add_dcs_f, mask=mrow)
-        if DO_B:
+            # one read-add-write per scratch slot and chunk (rows written in pass A)
             s2 = tl.load(scr_ptr + so + 2 * L + rows, mask=mrow, other=0.0)
-            tl.store(scr_ptr + so + 2 * L + rows, s2 - add_dcs_b, mask=mrow)
+            tl.store(scr_ptr + so + 2 * L + rows, s2 - Xb, mask=mrow)
             s3 = tl.load(scr_ptr + so + 3 * L + rows, mask=mrow, other=0.0)
-            tl.store(scr_ptr + so + 3 * L + rows, s3 + add_dcs_b, mask=mrow)
-            tl.store(scr_ptr + so + 4 * L + rows, add_ddt_b, mask=mrow)
+            tl.store(scr_ptr + so + 3 * L + rows, s3 + Xb, mask=mrow)
+            tl.store(scr_ptr + so + 4 * L + rows, xub_in, mask=mrow)
 
     # per-(batch * head, segment) partial of dD (from the first launch only)
     if not ACC:
         tl.store(part_ptr + (pid.to(tl.int64) * nseg + seg) * P + offs_p, dD_acc, mask=mask_p)
+
+
+@triton.jit
+def _chunk_pairs(xv, dtv, a, cs, Bv, Cv, dz, tt, ss, MODE: tl.constexpr, DOT_MID: tl.constexpr,
+                 DOT_IN: tl.constexpr, DOT_LO: tl.constexpr):
+    """Gradients through the pairs (t, s) inside one chunk of one direction: MODE 0 causal (s <= t), 1 anti-causal
+    (s >= t), 2 both in one tile (SHARE, _pair_decay). Returns the dx term, dB, dC, the direct ddt term and the
+    per-position log-decay gradient of those pairs (da_j: a local telescoping of one pair tile's row and column sums).
+    The diagonal (s == t) term does not depend on the decays and is kept out of da (where it would cancel only up to
+    rounding)."""
+    CB = _dot(Cv, tl.trans(Bv), DOT_IN)
+    if MODE == 2:
+        dec = _pair_decay(cs, a, tt, ss)
+        offd = tt != ss
+        ndiag = 2.0
+    elif MODE == 0:
+        dec = tl.exp(tl.where(tt >= ss, cs[:, None] - cs[None, :], float("-inf")))
+        offd = tt > ss
+        ndiag = 1.0
+    else:
+        csx = cs - a
+        dec = tl.exp(tl.where(ss >= tt, csx[None, :] - csx[:, None], float("-inf")))
+        offd = ss > tt
+        ndiag = 1.0
+    diag = tl.sum(Cv * Bv, 1) * ndiag
+    u = _dot(tl.trans(tl.where(offd, CB * dec, 0.0)), dz, DOT_MID) + diag[:, None] * dz
+    # (dz_t . x_s) decay(t, s): two loaded inputs (DOT_IN); it also gives the pair terms of da below
+    M = _dot(dz, tl.trans(xv), DOT_IN) * dec
+    dBv = dtv[:, None] * _dot(tl.trans(M), Cv, DOT_LO)
+    dCv = _dot(M * dtv[None, :], Bv, DOT_LO)
+    Pm = tl.where(offd, M * CB, 0.0) * dtv[None, :]
+    # a causal pair P[t, s] (t > s) spans the steps s+1..t: da[j] = sum_{t >= j > s} P[t, s], the reverse cumsum of
+    # (row sums - column sums); an anti-causal one (s > t) the steps t..s-1: the forward cumsum. With SHARE both
+    # directions have the same dt, so pass C uses only the sum of their da, which may sit in one slot.
+    if MODE == 0:
+        dad = tl.cumsum(tl.sum(Pm, 1) - tl.sum(Pm, 0), 0, reverse=True)
+    elif MODE == 1:
+        dad = tl.cumsum(tl.sum(Pm, 1) - tl.sum(Pm, 0), 0)
+    else:
+        Pb = tl.where(ss > tt, Pm, 0.0)
+        Pf = Pm - Pb
+        dad = tl.cumsum(tl.sum(Pf, 1) - tl.sum(Pf, 0), 0, reverse=True) + tl.cumsum(tl.sum(Pb, 1) - tl.sum(Pb, 0), 0)
+    return dtv[:, None] * u, dBv, dCv, tl.sum(u * xv, 1), dad
+
+
+@triton.jit
+def _add_rows(ptrs, v, mask):
+    """ptrs[...] += v (a read-add-write of rows that no other program of the launch touches)."""
+    tl.store(ptrs, (tl.load(ptrs, mask=mask, other=0.0).to(v.dtype) + v).to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bi_ssd_bwd_pairs_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, dy_ptr,
+    dx_ptr, dB_ptr, dC_ptr, dBb_ptr, dCb_ptr, scr_ptr,
+    L, H, G, dt_lo, dt_hi,
+    P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SEPARATE: tl.constexpr, SHARE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, GRAD_PER_HEAD: tl.constexpr, COMPUTE: tl.constexpr,
+    DOT_MID: tl.constexpr, DOT_IN: tl.constexpr, DOT_LO: tl.constexpr, BLOCK_Q: tl.constexpr,
+):
+    """The backward's in-chunk pairs, one program per (batch * head, chunk): no state, so every chunk runs in
+    parallel. It adds to dx, dB, dC (dBb, dCb) and the scratch's ddt slots what _bi_ssd_bwd_kernel (same BLOCK_Q: the
+    same chunks) wrote, and writes the in-chunk log-decay gradients (slot 5; slot 2 added to)."""
+    pid = tl.program_id(0)
+    c = tl.program_id(1)
+    hidx, gidx, b64 = _head_coords(pid, H, G)
+
+    offs_q = tl.arange(0, BLOCK_Q)
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_p = offs_p < P
+    mask_n = offs_n < N
+    tt = offs_q[:, None]
+    ss = offs_q[None, :]
+    xo = b64 * L * H * P + hidx * P
+    dto = b64 * L * H + hidx
+    bco = b64 * L * G * N + gidx * N
+    if GRAD_PER_HEAD:
+        GS = H
+        go = b64 * L * H * N + hidx * N
+    else:
+        GS = G
+        go = bco
+    so = pid.to(tl.int64) * 6 * L
+    _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
+    xstride = H * P
+    rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, G * N, BLOCK_Q)
+    g_off = go + rows[:, None] * (GS * N) + offs_n[None, :]
+    xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+    dxv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)
+    dBv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
+    dCv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
+    if DO_F:
+        dtf, af, csf, _lf, _tf, Bf, Cf, dzf = _dir_chunk(
+            dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn,
+            bn_off, L, H, xstride, dt_lo, dt_hi, 1 if SHIFT else 0, SOFTPLUS, COMPUTE, BLOCK_Q)
+        dxv, dBv, dCv, ddt_f, da_f = _chunk_pairs(xv, dtf, af, csf, Bf, Cf, dzf, tt, ss, 2 if SHARE else 0,
+                                                  DOT_MID, DOT_IN, DOT_LO)
+        _add_rows(scr_ptr + so + L + rows, ddt_f, mrow)
+        tl.store(scr_ptr + so + 5 * L + rows, da_f, mask=mrow)
+    if DO_B and not SHARE:  # (with SHARE the causal direction's tile held both)
+        dtb, ab, csb, _lb, _tb, Bbv, Cbv, dzb = _dir_chunk(
+            dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p,
+            m_bn, bn_off, L, H, xstride, dt_lo, dt_hi, -1 if SHIFT else 0, SOFTPLUS, COMPUTE, BLOCK_Q)
+        dxb, dBb, dCb, ddt_b, da_b = _chunk_pairs(xv, dtb, ab, csb, Bbv, Cbv, dzb, tt, ss, 1, DOT_MID, DOT_IN, DOT_LO)
+        dxv += dxb
+        _add_rows(scr_ptr + so + 4 * L + rows, ddt_b, mrow)
+        _add_rows(scr_ptr + so + 2 * L + rows, da_b, mrow)
+        if SEPARATE:
+            _add_rows(dBb_ptr + g_off, dBb, m_bn)
+            _add_rows(dCb_ptr + g_off, dCb, m_bn)
+        else:
+            dBv += dBb
+            dCv += dCb
+    _add_rows(dx_ptr + xo + xy_off, dxv, m_xp)
+    if DO_F or not SEPARATE:
+        _add_rows(dB_ptr + g_off, dBv, m_bn)
+        _add_rows(dC_ptr + g_off, dCv, m_bn)
 
 
 @triton.jit

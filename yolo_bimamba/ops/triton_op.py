@@ -19,16 +19,17 @@ import torch
 import triton
 
 from .triton_kernels import (
-    BWD_CONFIGS, FWD_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS, _bi_ssd_bwd_dt_kernel, _bi_ssd_bwd_kernel,
-    _bi_ssd_fold_kernel, _bi_ssd_fwd_kernel, _bi_ssd_state_kernel, prune_bwd_configs,
+    BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS, _bi_ssd_bwd_dt_kernel,
+    _bi_ssd_bwd_kernel, _bi_ssd_bwd_pairs_kernel, _bi_ssd_fold_kernel, _bi_ssd_fwd_kernel, _bi_ssd_state_kernel,
+    prune_bwd_configs,
 )
 from .fused_switch import alloc as _alloc, check_guards, compute_dtype, poison_outputs  # noqa: F401 (test hooks)
 from .validate import kernel_tile, validate_bi_ssd
 
-__all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE_CONFIGS"]
+__all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE_CONFIGS", "PAIRS_CONFIGS"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_forced = {"fwd": None, "bwd": None, "state": None, "seg": None, "split": None}
+_forced = {"fwd": None, "bwd": None, "state": None, "pairs": None, "seg": None, "split": None}
 # "both" directions: the backward's segment kernel runs once per direction (the second launch adds to the first's
 # dx, dB, dC) instead of once with both directions in one program (fewer registers per program). "auto" (default):
 # two launches, except in BiMamba2 mode (SHARE) with headdim and d_state <= 32, where the anti-causal direction has
@@ -41,7 +42,7 @@ _SPLIT_DIRECTIONS = os.environ.get("YOLO_BIMAMBA_SPLIT_DIRECTIONS", "auto").stri
 _PROGRAMS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_PROGRAMS_PER_SM", "2"))
 # YOLO_BIMAMBA_AUTOTUNE=0: no autotuning (no compile of every config on first use); default_config's configs are used
 _AUTOTUNE = os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1") not in ("", "0")
-DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 3}
+DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 3, "pairs": 0}
 # ... except the backward at headdim and d_state <= 32 (the detection models' shapes): there the two-stage config was
 # 7-10 % faster than config 0 on an H200 (benchmarks/results/session9/dedup-prof-f9c7dcb.json); at 64 it was 26 % slower
 DEFAULT_BWD_SMALL = 3
@@ -81,9 +82,15 @@ _fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=_KEY, **_BENCH)(_bi_ssd_fw
 # the backward adds to dx (and dB, dC) that an earlier launch wrote (ACC): the autotuner times each config on copies
 # restored after every timed call, so tuning never adds the same contribution twice
 _bwd_tuned = triton.autotune(
-    configs=BWD_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD", "ACC", *DOT_CLASSES],
+    configs=BWD_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD", "ACC", "DOT_ST", "DOT_RD", "DOT_LO"],
     prune_configs_by={"early_config_prune": prune_bwd_configs}, restore_value=["dx_ptr", "dB_ptr", "dC_ptr"], **_BENCH,
 )(_bi_ssd_bwd_kernel)
+# the in-chunk pairs add to what the segment kernel wrote: timed on copies restored after every timed call, as above
+_pairs_tuned = triton.autotune(
+    configs=PAIRS_CONFIGS, key=[k for k in _KEY if k not in ("HAS_D", "D_PER_P")] + [
+        "SEPARATE", "GRAD_PER_HEAD", "BLOCK_Q", "DOT_MID", "DOT_IN", "DOT_LO"],
+    restore_value=["dx_ptr", "dB_ptr", "dC_ptr", "dBb_ptr", "dCb_ptr", "scr_ptr"], **_BENCH,
+)(_bi_ssd_bwd_pairs_kernel)
 _state_tuned = triton.autotune(
     configs=STATE_CONFIGS, key=["P", "N", "GRAD", "DO_F", "DO_B", "SHIFT", "HAS_BIAS", "SOFTPLUS", "COMPUTE", "DOT_ST"],
     **_BENCH,
@@ -97,7 +104,7 @@ def interpreter_autotune():
     global _TUNE_IN_INTERPRETER
     old = _TUNE_IN_INTERPRETER
     _TUNE_IN_INTERPRETER = True
-    for tuned in (_fwd_tuned, _bwd_tuned, _state_tuned):
+    for tuned in (_fwd_tuned, _bwd_tuned, _state_tuned, _pairs_tuned):
         tuned.cache.clear()
     _chosen.clear()
     try:
@@ -108,15 +115,16 @@ def interpreter_autotune():
 
 @contextlib.contextmanager
 def force_config(fwd: int | None = None, bwd: int | None = None, state: int | None = None, seg: int | None = None,
-                 split: bool | None = None):
-    """Run the kernels with ``FWD_CONFIGS[fwd]`` / ``BWD_CONFIGS[bwd]`` / ``STATE_CONFIGS[state]`` instead of
+                 split: bool | None = None, pairs: int | None = None):
+    """Run the kernels with ``FWD_CONFIGS[fwd]`` / ``BWD_CONFIGS[bwd]`` / ``STATE_CONFIGS[state]`` /
+    ``PAIRS_CONFIGS[pairs]`` instead of
     autotuning, with segments of ``seg`` rows (a multiple of ``SEG_MULTIPLE``), and (``split``) with the backward's
     two directions in two launches (True) or one (False). Arguments left ``None`` keep what an enclosing
     ``force_config`` set (nested calls add to each other)."""
     if seg is not None and (seg < SEG_MULTIPLE or seg % SEG_MULTIPLE):
         raise ValueError(f"seg must be a positive multiple of {SEG_MULTIPLE}, got {seg}")
     old = dict(_forced)
-    given = dict(fwd=fwd, bwd=bwd, state=state, seg=seg, split=split)
+    given = dict(fwd=fwd, bwd=bwd, state=state, pairs=pairs, seg=seg, split=split)
     _forced.update({k: v for k, v in given.items() if v is not None})
     try:
         yield
@@ -349,6 +357,8 @@ class _BiSSDFn(torch.autograd.Function):
             return (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, dy,
                     dx, gB, gC, ddt, gBb, gCb, ddtb, scr, part_d, st, l, h, g, seg, lo, hi)
 
+        dots = _dot_precisions(x)
+
         def fold(tB, tC, likeB, likeC):  # per-head fp32 partials -> per-group gradients in the inputs' dtypes
             if not per_head:
                 return tB.to(likeB.dtype), tC.to(likeC.dtype)
@@ -362,28 +372,44 @@ class _BiSSDFn(torch.autograd.Function):
             P=p, N=n, BLOCK_P=kernel_tile(p), BLOCK_N=kernel_tile(n), SEPARATE=separate,
             SHARE=share, HAS_D=has_d,
             D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head,
-            **_dot_precisions(x), **common,
+            DOT_ST=dots["DOT_ST"], DOT_RD=dots["DOT_RD"], DOT_LO=dots["DOT_LO"], **common,
         )
         grid = lambda meta: (b * h, nseg)  # noqa: E731
         bwd = functools.partial(_launch, _bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid)
+        pkw = {k: v for k, v in kwargs.items() if k not in ("HAS_D", "D_PER_P", "DOT_ST", "DOT_RD")}
+        pkw.update(DOT_MID=dots["DOT_MID"], DOT_IN=dots["DOT_IN"])
+
+        def pairs(used, gB, gC, gBb, gCb, **flags):
+            # the in-chunk pairs, after the segment kernel of the same directions, in the same chunks (its BLOCK_Q)
+            if used is None:
+                raise RuntimeError("the backward segment kernel's config is unknown (its autotuner reported none)")
+            q = used.kwargs["BLOCK_Q"]
+            _launch(_bi_ssd_bwd_pairs_kernel, _pairs_tuned, PAIRS_CONFIGS, "pairs", lambda meta: (b * h, triton.cdiv(l, q)),
+                    (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, dx, gB, gC, gBb, gCb, scr, l, h, g, lo, hi),
+                    {**pkw, **flags, "BLOCK_Q": q})
+
         if split and separate:
             # Hydra mode in two launches: each direction has its own dB, dC (per head in fp32 when ngroups < nheads,
             # the largest buffers of the backward); the first direction's are folded and freed before the second
             # direction's are allocated, so at most two of the four exist at a time. A launch never touches the
             # other direction's dB, dC: their arguments are placeholders.
-            bwd(args(dB, dC, dB, dC), {**kwargs, "DO_B": False, "ACC": False})
+            used = bwd(args(dB, dC, dB, dC), {**kwargs, "DO_B": False, "ACC": False})
+            pairs(used, dB, dC, dB, dC, DO_B=False)
             gB, gC = fold(dB, dC, B, C)
             del dB, dC
             dBb, dCb = _alloc(gshape, gdt, dev), _alloc(gshape, gdt, dev)
-            bwd(args(dBb, dCb, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True})
+            used = bwd(args(dBb, dCb, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True})
+            pairs(used, dBb, dCb, dBb, dCb, DO_F=False)
         elif split:
             used = bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_B": False, "ACC": False})
-            # with SHARE the first launch did the in-chunk pairs of both directions and the second does the pairs
-            # across chunks: both must cut the sequence into the same chunks, so the second runs the first's config
-            # (the autotuner would time each launch alone and could pick another BLOCK_Q for each)
-            bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True}, cfg=used if share else None)
+            # one pairs launch does both directions' in-chunk pairs (with SHARE in one tile), in the chunks of both
+            # segment launches: the second runs the first's config (the autotuner would time each launch alone and
+            # could pick another BLOCK_Q for each)
+            bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True}, cfg=used)
+            pairs(used, dB, dC, dBb, dCb)
         else:
-            bwd(args(dB, dC, dBb, dCb), {**kwargs, "ACC": False})
+            used = bwd(args(dB, dC, dBb, dCb), {**kwargs, "ACC": False})
+            pairs(used, dB, dC, dBb, dCb)
         _bi_ssd_bwd_dt_kernel[(b * h,)](
             dt, A, bias_arg, dtb, ddt, ddtb, scr, part, l, h, lo, hi, DO_F=do_f, DO_B=do_b, SEPARATE=separate,
             HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype), BLOCK_Q=PASS_C_ROWS,
