@@ -457,7 +457,8 @@ def _main(a, argv):
         from yolo_bimamba.ops import triton_op
 
         meta["configs"] = {name: [dict(c.kwargs, num_warps=c.num_warps) for c in cfgs] for name, cfgs in
-                           (("fwd", tk.FWD_CONFIGS), ("bwd", tk.BWD_CONFIGS), ("state", tk.STATE_CONFIGS))}
+                           (("fwd", tk.FWD_CONFIGS), ("bwd", tk.BWD_CONFIGS), ("state", tk.STATE_CONFIGS),
+                            ("pairs", tk.PAIRS_CONFIGS))}
         meta["programs_per_sm"] = triton_op._PROGRAMS_PER_SM
         meta["split_directions"] = triton_op._SPLIT_DIRECTIONS  # "auto", "1" or "0"
     print(json.dumps(meta), flush=True)

@@ -106,17 +106,19 @@ def _call_op(dtype_name, p, n, g, h, v):
 
     # segments of 256 rows (4 at L = 1000): the state kernel runs in every variant; "split" picks how the
     # backward runs both directions (two launches, the default, or one)
-    from yolo_bimamba.ops.triton_kernels import BWD_CONFIGS, bwd_config_fits
+    from yolo_bimamba.ops.triton_kernels import BWD_CONFIGS, FWD_CONFIGS, bwd_config_fits
 
-    # the backward's segment and in-chunk pairs kernels cut the sequence into the same chunks: after the autotuned
-    # run, once more per BLOCK_Q with a backward config of that BLOCK_Q forced, so that the pairs kernel is compiled
-    # for every chunk size (the kernels recorded already are not recorded twice)
+    # a segment kernel and its in-chunk pairs kernel cut the sequence into the same chunks (the forward's: and headdim
+    # blocks): after the autotuned run, again with each forward config and a backward config of each BLOCK_Q forced,
+    # so that the pairs kernels are compiled for every tile (kernels recorded already are not recorded twice)
     per_q = {}
     for i, cfg in enumerate(BWD_CONFIGS):
         if bwd_config_fits(cfg, p, n):
             per_q.setdefault(cfg.kwargs["BLOCK_Q"], i)
-    for bwd in [None, *per_q.values()]:
-        with force_config(seg=256, split=v.get("split"), bwd=bwd):
+    fwds, bwds = list(range(len(FWD_CONFIGS))), list(per_q.values())
+    runs = [(None, None)] + [(fwds[i % len(fwds)], bwds[i % len(bwds)]) for i in range(max(len(fwds), len(bwds)))]
+    for fwd, bwd in runs:
+        with force_config(seg=256, split=v.get("split"), fwd=fwd, bwd=bwd):
             y = bi_ssd_triton(x, dtt, A, B, C, **kw)
             leaves = [t for t in [x, dtt, A, B, C, *kw.values()] if isinstance(t, torch.Tensor)]
             torch.autograd.grad(y, leaves, torch.randn_like(y))
@@ -222,6 +224,24 @@ def _compile_job(i):
     return rec
 
 
+def _config_index(kernel_name, launch_kwargs):
+    """Index of the config of ``kernel_name``'s autotuner in triton_op whose meta-parameters, warps and stages are
+    those of a direct launch (None for a kernel without an autotuner, or a launch that is none of its configs)."""
+    from triton.runtime.autotuner import Autotuner
+
+    from yolo_bimamba.ops import triton_op
+
+    for attr in dir(triton_op):
+        tuner = getattr(triton_op, attr)
+        if not isinstance(tuner, Autotuner) or (getattr(tuner.fn, "__name__", None) or tuner.fn.fn.__name__) != kernel_name:
+            continue
+        for i, c in enumerate(tuner.configs):
+            if all(launch_kwargs.get(k) == v for k, v in c.kwargs.items()) and \
+                    launch_kwargs.get("num_warps") == c.num_warps and launch_kwargs.get("num_stages") == c.num_stages:
+                return i
+    return None
+
+
 def _worker(out_path: str, dtypes: list[str], manual_signature: bool = False) -> None:
     import multiprocessing as mp
 
@@ -291,10 +311,15 @@ def _worker(out_path: str, dtypes: list[str], manual_signature: bool = False) ->
         if key in seen:
             return None
         seen.add(key)
-        cfg = ctx["config"] or {"launch": {k: describe(v) for k, v in kwargs.items()}}
+        cfg, idx = ctx["config"], ctx["config_index"]
+        if cfg is None:
+            # a launch of one config without its autotuner (forced, or the op's second backward launch running the
+            # first one's config): the config of the kernel's autotuner that its meta-parameters name, if any
+            idx = _config_index(name, kwargs)
+            cfg = {"launch": {k: describe(v) for k, v in kwargs.items()}}
         _JOBS.append(dict(fn=self, signature=sig, constexprs=constexprs, attrs=attrs, options=options, target=target,
                           kernel=name, variant=ctx["variant"], dtype=ctx["dtype"], config=cfg,
-                          config_index=ctx["config_index"], stage=ctx["stage"]))
+                          config_index=idx, stage=ctx["stage"]))
         return None
 
     def record_autotuned(self, *args, **kwargs):

@@ -213,8 +213,9 @@ def test_every_bwd_config(bi):
 
 @pytest.mark.parametrize("pi", range(len(PAIRS_CONFIGS)))
 def test_every_pairs_config(pi):
-    """The backward's in-chunk pairs kernel under each of its configs, in both chunk sizes (the segment kernel's
-    BLOCK_Q), in BiMamba2, Hydra and one-direction modes."""
+    """The forward's and the backward's in-chunk pairs kernels under each of their configs, in both chunk sizes of the
+    backward (its segment kernel's BLOCK_Q) and every forward tile (BLOCK_Q, BLOCK_P), in BiMamba2, Hydra and
+    one-direction modes."""
     cases = [(_first_with_q(BWD_CONFIGS, 32), 40, dict(direction="both")),
              (_first_with_q(BWD_CONFIGS, 64), 70, dict(direction="both", shift=True, sep=True, g=2, h=4)),
              (_first_with_q(BWD_CONFIGS, 32), 33, dict(direction="backward", d_shape="hp"))]
@@ -224,7 +225,7 @@ def test_every_pairs_config(pi):
         args, kw = make_inputs(l=l, seed=l + pi, **opt)
         kw.update(direction=direction, shift=shift)
         with force_config(pairs=pi):
-            check_case(args, kw, 0, bi)
+            check_case(args, kw, (bi + pi) % len(FWD_CONFIGS), bi)
 
 
 # 2b. segment-parallel passes: every state-kernel config, several segments (the last one partial), the backward's
@@ -439,7 +440,8 @@ def test_autotuned_launch_matches_reference(sep):
         calls.append(1)
         return orig(fn, quantiles)
 
-    tuners = (triton_op._fwd_tuned, triton_op._bwd_tuned, triton_op._state_tuned, triton_op._pairs_tuned)
+    tuners = (triton_op._fwd_tuned, triton_op._bwd_tuned, triton_op._state_tuned, triton_op._pairs_tuned,
+              triton_op._fwd_pairs_tuned)
     for tuned in tuners:
         tuned.do_bench = counting_bench  # instance attribute over the autotuner's cached property
     try:
@@ -448,12 +450,13 @@ def test_autotuned_launch_matches_reference(sep):
     finally:
         for tuned in tuners:
             tuned.__dict__.pop("do_bench", None)
-    # the tuners really ran: every config of the forward, the two state walks, the backward launches and the in-chunk
-    # pairs launches was timed (BiMamba2 mode: the second segment launch runs the first one's config and one pairs
-    # launch does both directions, see the next test; Hydra mode: each direction's launches tuned)
+    # the tuners really ran: every config of the forward and its in-chunk pairs, the two state walks, the backward
+    # launches and their in-chunk pairs launches was timed (BiMamba2 mode: the second segment launch runs the first
+    # one's config and one pairs launch does both directions, see the next test; Hydra mode: each direction's
+    # launches tuned)
     bwd_tuned = 2 if sep else 1
-    assert len(calls) >= len(FWD_CONFIGS) + 2 * len(STATE_CONFIGS) + bwd_tuned * (len(BWD_CONFIGS) + len(PAIRS_CONFIGS)), \
-        len(calls)
+    assert len(calls) >= len(FWD_CONFIGS) + len(PAIRS_CONFIGS) + 2 * len(STATE_CONFIGS) + \
+        bwd_tuned * (len(BWD_CONFIGS) + len(PAIRS_CONFIGS)), len(calls)
 
 
 def test_second_backward_launch_runs_the_first_launchs_config(monkeypatch):
@@ -480,7 +483,7 @@ def test_second_backward_launch_runs_the_first_launchs_config(monkeypatch):
         used = orig(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg)
         if which == "bwd":
             launched.append(used.kwargs["BLOCK_Q"])
-        elif which == "pairs":
+        elif jit_fn is triton_op._bi_ssd_bwd_pairs_kernel:
             launched.append(("pairs", kwargs["BLOCK_Q"]))
         return used
 
@@ -498,7 +501,8 @@ def test_tuned_config_is_reused_without_the_autotuner():
     Autotuner's host cost skipped), with the same results bit for bit; other dtypes or flags go back to the tuners."""
     args, kw = make_inputs(b=2, l=2 * SEG_MULTIPLE + 5, h=2, g=1, p=16, n=16)
     dy = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(3)).to(DEV)
-    tuners = (triton_op._fwd_tuned, triton_op._bwd_tuned, triton_op._state_tuned, triton_op._pairs_tuned)
+    tuners = (triton_op._fwd_tuned, triton_op._bwd_tuned, triton_op._state_tuned, triton_op._pairs_tuned,
+              triton_op._fwd_pairs_tuned)
     runs = []
     origs = [t.run for t in tuners]
     for t, orig in zip(tuners, origs):
@@ -519,16 +523,18 @@ def test_tuned_config_is_reused_without_the_autotuner():
         with triton_op.interpreter_autotune(), force_config(seg=SEG_MULTIPLE, split=True):
             first = run_triton(args, kw, dy, poison=False)
             n_tuned = len(runs)
-            # state + fwd; state + the first backward launch (the second runs its config: BiMamba2 mode) + pairs
-            assert n_tuned == 5
-            assert len(triton_op._chosen) == 5
+            # state + fwd + its pairs; state + the first backward launch (the second runs its config: BiMamba2 mode)
+            # + its pairs
+            assert n_tuned == 6
+            assert len(triton_op._chosen) == 6
             launched.clear()
             second = run_triton(args, kw, dy, poison=False)
             assert len(runs) == n_tuned, "the second call went through the autotuners again"
             # the launches of the second call used the configs the tuners chose
             expected = {(jits[t], tuple(sorted(t.cache[k].kwargs.items())), t.cache[k].num_warps)
                         for t in tuners for k in t.cache}
-            cfg_keys = {jits[t]: set(t.configs[0].kwargs) for t in tuners}  # (BLOCK_P: bwd argument; BLOCK_Q: pairs)
+            # (BLOCK_P: bwd argument; BLOCK_Q, BLOCK_P: pairs kernels' arguments)
+            cfg_keys = {jits[t]: set(t.configs[0].kwargs) for t in tuners}
             got = {(fn, tuple(sorted((k, v) for k, v in meta.items() if k in cfg_keys[fn])), meta["num_warps"])
                    for fn, meta in launched if fn in cfg_keys}
             assert got and got <= expected, (got, expected)
@@ -710,7 +716,9 @@ def test_default_backward_config_rule(monkeypatch):
     assert rule("bwd", dict(P=32, N=32)) == rule("bwd", dict(P=16, N=8)) == triton_op.DEFAULT_BWD_SMALL
     assert rule("bwd", dict(P=64, N=32)) == rule("bwd", dict(P=32, N=64)) == triton_op.DEFAULT_CONFIGS["bwd"]
     assert BWD_CONFIGS[triton_op.DEFAULT_BWD_SMALL].num_stages == 2
-    assert rule("fwd", dict(P=16, N=16)) == triton_op.DEFAULT_CONFIGS["fwd"]
+    assert rule("fwd", dict(P=16, N=16)) == rule("fwd", dict(P=32, N=32)) == triton_op.DEFAULT_FWD_SMALL
+    assert rule("fwd", dict(P=64, N=32)) == triton_op.DEFAULT_CONFIGS["fwd"]
+    assert FWD_CONFIGS[triton_op.DEFAULT_FWD_SMALL].kwargs == dict(BLOCK_Q=64, BLOCK_P=32)
     launched = []
     orig = triton_op._run_config
 
@@ -723,18 +731,18 @@ def test_default_backward_config_rule(monkeypatch):
     for p in (16, 64):
         args, kw = make_inputs(b=1, l=40, h=2, g=1, p=p, n=16)
         check_case(args, kw)
+    # (BiMamba2 mode: one backward launch for both directions at these sizes, see test_split_directions_rule)
     assert launched == [(16, BWD_CONFIGS[triton_op.DEFAULT_BWD_SMALL]),
-                        (64, BWD_CONFIGS[triton_op.DEFAULT_CONFIGS["bwd"]]),
                         (64, BWD_CONFIGS[triton_op.DEFAULT_CONFIGS["bwd"]])], launched
 
 
 def test_split_directions_rule(monkeypatch):
-    """Default ("auto"): one backward launch for BiMamba2 mode at headdim and d_state <= 32, two otherwise; the
+    """Default ("auto"): one backward launch for BiMamba2 mode at headdim and d_state <= 64, two otherwise; the
     environment's "0" / "1" force one / two."""
     rule = triton_op._split_directions
     monkeypatch.setattr(triton_op, "_SPLIT_DIRECTIONS", "auto")
-    assert not rule(32, 32, True) and not rule(16, 24, True)
-    assert rule(64, 32, True) and rule(32, 64, True) and rule(32, 32, False) and rule(64, 64, False)
+    assert not rule(32, 32, True) and not rule(16, 24, True) and not rule(64, 64, True) and not rule(64, 32, True)
+    assert rule(64, 128, True) and rule(128, 64, True) and rule(32, 32, False) and rule(64, 64, False)
     monkeypatch.setattr(triton_op, "_SPLIT_DIRECTIONS", "0")
     assert not rule(64, 64, False)
     monkeypatch.setattr(triton_op, "_SPLIT_DIRECTIONS", "1")

@@ -455,7 +455,7 @@ def test_autotuned_first_call(dtype):
         pytest.skip("autotuning belongs to the triton backend")
     old = to._AUTOTUNE
     to._AUTOTUNE = True
-    for tuned in (to._fwd_tuned, to._bwd_tuned, to._state_tuned, to._pairs_tuned):
+    for tuned in (to._fwd_tuned, to._bwd_tuned, to._state_tuned, to._pairs_tuned, to._fwd_pairs_tuned):
         tuned.cache.clear()
     to._chosen.clear()
     try:

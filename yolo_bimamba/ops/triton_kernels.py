@@ -10,35 +10,43 @@ triton_op.segment_rows for about 2 programs per SM) that run in parallel. The st
 stores the states at the segment boundaries: S_f, S_b for the forward; S_f, dS_b, dS_f, S_b for the backward.
 With one segment no state kernel runs and the segment kernels start from zeros.
 
-Forward: one program per (batch * head, block of headdim, segment). It walks its chunks forward (causal pass)
-with the state S (d_state x headdim, fp32) on chip, entered with the boundary state, and writes y, then walks
-them backward (anti-causal pass) with its own state, reads y back and adds. The reverse direction is index
-arithmetic; there is no flip or copy of any tensor. Hydra's shift (shift=True) is an offset of the C rows that
-are loaded (C[t-1] for the causal, C_bwd[t+1] for the anti-causal direction) and a strict mask.
+Forward, two kernels: _bi_ssd_fwd_kernel, one program per (batch * head, block of headdim, segment), does the
+state terms (pairs across chunks) and D x. It walks its chunks forward (causal pass) with the state S (d_state x
+headdim, fp32) on chip, entered with the boundary state, and writes y, then walks them backward (anti-causal pass)
+with its own state, reads y back and adds. _bi_ssd_fwd_pairs_kernel, one program per (batch * head, block of
+headdim, chunk), then adds the pairs inside each chunk (no state: all chunks in parallel; in the chunks and headdim
+blocks of the forward kernel's config). The reverse direction is index arithmetic; there is no flip or copy of any
+tensor. Hydra's shift (shift=True) is an offset of the C rows that are loaded (C[t-1] for the causal, C_bwd[t+1] for
+the anti-causal direction) and a strict mask.
 
-Backward: one program per (batch * head, segment) with the whole headdim, two passes over its chunks:
-  A (reverse walk): causal state gradient dS_f, anti-causal state S_b -> dx_f, dB_f, intra dC_f, dC_b, and
-    the log-decay gradients of every pair inside the chunk (both directions), summed within the chunk;
-  B (forward walk): causal state S_f, anti-causal state gradient dS_b -> inter dC_f, dx_b, dB_b;
-and per-position log-decay gradients into a small fp32 scratch (b*h, 6, L) in which each direction owns its
-slots: the in-chunk pairs' share as a finished per-position value (a local telescoping of one pair tile's row and
-column sums), the share of pairs across chunks (through the states) as terms that pass C telescopes over the
-sequence. By default "both" runs as two launches of this kernel, one per direction (DO_F / DO_B), the second adding
-to the first's dx (and dB, dC when the directions share them, ACC=True): one direction per program needs far
-fewer registers, and the sum stays ordered, so results are bitwise reproducible. A last kernel
-(_bi_ssd_bwd_dt_kernel, pass C, per (batch * head)) reverse-sums the scratch -> ddt, and per-(batch, head)
-partial sums of dA, d(dt_bias); dD comes from per-(batch, head, segment) partials of the first launch. With
-ngroups < nheads, dB and dC are per-head fp32 buffers that _bi_ssd_fold_kernel sums over each group's heads.
-With shift=True the backward works in the unshifted frame: y_f[t] = z_f[t-1] and
-y_b[t] = z_b[t+1], so the output gradient of each direction is dy loaded at offset +1 / -1.
+Backward, four kernels:
+  _bi_ssd_bwd_kernel, the state terms (pairs across chunks), one program per (batch * head, segment) with the
+    whole headdim, two passes over its chunks:
+    A (reverse walk): causal state gradient dS_f, anti-causal state S_b -> their dx, dB_f, dC_b terms;
+    B (forward walk): causal state S_f, anti-causal state gradient dS_b -> their dC_f, dx, dB_b terms;
+    and their per-position log-decay gradient terms into a small fp32 scratch (b*h, 6, L) in which each direction
+    owns its slots (terms that pass C telescopes over the sequence). "both" runs as two launches of this kernel,
+    one per direction (DO_F / DO_B), the second adding to the first's dx (and dB, dC when the directions share
+    them, ACC=True), or as one (triton_op._split_directions); the sum stays ordered, so results are bitwise
+    reproducible. dD comes from per-(batch, head, segment) partials of the first launch.
+  _bi_ssd_bwd_pairs_kernel, the pairs inside a chunk, one program per (batch * head, chunk): no state, so all
+    chunks run in parallel. The in-chunk pair tiles were most of the registers of the one backward kernel there was
+    before (255 and spills on sm_90 at headdim = d_state = 32; apart, neither kernel spills). It adds its terms to
+    dx, dB, dC and the scratch, and writes the in-chunk pairs' share of the log-decay gradients as finished
+    per-position values (a local telescoping of one pair tile's row and column sums). It must cut the sequence into
+    the chunks of the segment kernel (its BLOCK_Q).
+  _bi_ssd_bwd_dt_kernel (pass C, per (batch * head)) reverse-sums the scratch -> ddt, and per-(batch, head) partial
+    sums of dA, d(dt_bias).
+  With ngroups < nheads, dB and dC are per-head fp32 buffers that _bi_ssd_fold_kernel sums over each group's heads.
+With shift=True the backward works in the unshifted frame: y_f[t] = z_f[t-1] and y_b[t] = z_b[t+1], so the output
+gradient of each direction is dy loaded at offset +1 / -1.
 
 Both directions for the price of about one (SHARE, BiMamba2 mode: the same dt, B, C in both directions, no shift):
 the in-chunk pairs of the two directions use the same C B^T and dz x^T tiles and differ only in their decays, which
 sit on opposite sides of the diagonal. One tile holds both (_pair_decay), so every in-chunk product (C B^T . decay)
 x in the forward, and (C B^T . decay)^T dz, (dz x^T . decay)^T C, (dz x^T . decay . dt) B in the backward, does both
 directions at the cost of one. The causal direction's code does them; the anti-causal direction's code keeps only
-its state terms (pairs across chunks). The two backward launches must then cut the sequence into the same chunks
-(triton_op runs the second with the first's config).
+its state terms (pairs across chunks), and in one backward launch it reuses the causal direction's loads.
 
 Dot precision: the backward's per-position log-decay gradients (-> ddt, dA, d dt_bias) are differences of
 large, nearly equal sums, so the dots that update or read a state need about fp32 accuracy; the others need only
@@ -209,6 +217,14 @@ def _head_coords(pid_bh, H, G):
 
 
 @triton.jit
+def _tile_offsets(pid_p, P, N, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Offsets of a chunk's rows, of the program's headdim block pid_p and of d_state, and the masks of the last two."""
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    return tl.arange(0, BLOCK_Q), offs_p, offs_n, offs_p < P, offs_n < N
+
+
+@triton.jit
 def _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
     """A of the head as loaded, A clamped to <= 0, and dt_bias of the head (0 without one)."""
     A_raw = tl.load(A_ptr + hidx).to(COMPUTE)
@@ -271,22 +287,18 @@ def _bi_ssd_fwd_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, y_ptr, st_ptr,
     L, H, G, SEG, dt_lo, dt_hi,
     P: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr,
-    DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SHARE: tl.constexpr,
+    DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr,
     HAS_D: tl.constexpr, D_PER_P: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
     COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
+    """The forward's state terms (pairs across chunks) and D x, one program per (batch * head, block of headdim,
+    segment); _bi_ssd_fwd_pairs_kernel adds the pairs inside each chunk afterwards."""
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
     seg = tl.program_id(2)
     hidx, gidx, b64 = _head_coords(pid_bh, H, G)
 
-    offs_q = tl.arange(0, BLOCK_Q)
-    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_p = offs_p < P
-    mask_n = offs_n < N
-    tt = offs_q[:, None]
-    ss = offs_q[None, :]
+    offs_q, offs_p, offs_n, mask_p, mask_n = _tile_offsets(pid_p, P, N, BLOCK_Q, BLOCK_P, BLOCK_N)
 
     x_base = x_ptr + b64 * L * H * P + hidx * P
     y_base = y_ptr + b64 * L * H * P + hidx * P
@@ -314,23 +326,11 @@ def _bi_ssd_fwd_kernel(
             dtv, a, cs, cs_last, tail = _chunk_decay(dt_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             xv = tl.load(x_base + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
             Bv = tl.load(B_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-            if SHIFT:
-                crow = rows - 1
-                m_c = ((crow >= 0) & mrow)[:, None] & mask_n[None, :]
-                Cv = tl.load(C_ptr + bc_off + crow[:, None] * (G * N) + offs_n[None, :], mask=m_c, other=0.0).to(COMPUTE)
-                rowd = cs - a
-                causal = tt > ss
-            else:
-                Cv = tl.load(C_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-                rowd = cs
-                causal = tt >= ss
-            CB = tl.dot(Cv, tl.trans(Bv))
-            if SHARE:  # both directions' in-chunk pairs (see _pair_decay); the anti-causal walk adds its state only
-                decay = _pair_decay(cs, a, tt, ss)
-            else:
-                decay = tl.exp(tl.where(causal, rowd[:, None] - cs[None, :], float("-inf")))
-            W = CB * decay * dtv[None, :]
-            yv = tl.dot(W, xv) + tl.exp(rowd)[:, None] * tl.dot(Cv, S)
+            Cv = _load_c(C_ptr + bc_off, rows, mrow, offs_n, mask_n, L, G * N, -1 if SHIFT else 0, COMPUTE)
+            # from the chunk's start to row t: steps ..t (rowd = cs), with the shift ..t-1 (C_{t-1} reads the state
+            # of row t-1)
+            rowd = cs - a if SHIFT else cs
+            yv = tl.exp(rowd)[:, None] * tl.dot(Cv, S)
             wS = tl.exp(tail - a) * dtv
             S = tl.exp(cs_last) * S + tl.dot(tl.trans(Bv * wS[:, None]), xv)
             if not DO_B:
@@ -352,22 +352,9 @@ def _bi_ssd_fwd_kernel(
             csx = cs - a
             xv = tl.load(x_base + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
             Bv = tl.load(Bb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-            if SHIFT:
-                crow = rows + 1
-                m_c = (crow < L)[:, None] & mask_n[None, :]
-                Cv = tl.load(Cb_ptr + bc_off + crow[:, None] * (G * N) + offs_n[None, :], mask=m_c, other=0.0).to(COMPUTE)
-                rowd = cs
-                anti = ss > tt
-            else:
-                Cv = tl.load(Cb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-                rowd = csx
-                anti = ss >= tt
-            # from row t to the chunk's end: steps t+1.. (shift: rowd = cs) or t.. (rowd = csx)
+            Cv = _load_c(Cb_ptr + bc_off, rows, mrow, offs_n, mask_n, L, G * N, 1 if SHIFT else 0, COMPUTE)
+            # from row t to the chunk's end: steps t.. (tail), with the shift t+1.. (C_{t+1} reads the state of row t+1)
             yv = tl.exp(tail - a if SHIFT else tail)[:, None] * tl.dot(Cv, Sb)
-            if not SHARE:  # in-chunk pairs (with SHARE the causal walk did them)
-                CB = tl.dot(Cv, tl.trans(Bv))
-                decay = tl.exp(tl.where(anti, csx[None, :] - rowd[:, None], float("-inf")))
-                yv += tl.dot(CB * decay * dtv[None, :], xv)
             wS = tl.exp(csx) * dtv
             Sb = tl.exp(cs_last) * Sb + tl.dot(tl.trans(Bv * wS[:, None]), xv)
             if HAS_D:
@@ -379,6 +366,67 @@ def _bi_ssd_fwd_kernel(
             if DO_F:
                 yv += tl.load(y_ptrs, mask=m_xp, other=0.0).to(COMPUTE)
             tl.store(y_ptrs, yv.to(y_ptr.dtype.element_ty), mask=m_xp)
+
+
+@triton.jit
+def _load_c(C_ptr, rows, mrow, offs_n, mask_n, L, bstride, C_SHIFT: tl.constexpr, COMPUTE: tl.constexpr):
+    """The C rows a chunk's outputs read: C[t + C_SHIFT] (Hydra's shift: C[t-1] for the causal direction, C_bwd[t+1]
+    for the anti-causal one), zero outside the sequence."""
+    r = rows + C_SHIFT
+    m_c = (mrow & (r >= 0) & (r < L))[:, None] & mask_n[None, :]
+    return tl.load(C_ptr + r[:, None] * bstride + offs_n[None, :], mask=m_c, other=0.0).to(COMPUTE)
+
+
+@triton.jit
+def _bi_ssd_fwd_pairs_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, y_ptr,
+    L, H, G, dt_lo, dt_hi,
+    P: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr,
+    DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SHARE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """The forward's in-chunk pairs, one program per (batch * head, block of headdim, chunk): no state, so all chunks run
+    in parallel. Adds (C B^T . decay . dt) x of each direction's pairs inside the chunk (with SHARE both in one tile) to
+    the y that _bi_ssd_fwd_kernel (same BLOCK_Q: the same chunks) wrote with the pairs across chunks and D x."""
+    pid_bh = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    c = tl.program_id(2)
+    hidx, gidx, b64 = _head_coords(pid_bh, H, G)
+    offs_q, offs_p, offs_n, mask_p, mask_n = _tile_offsets(pid_p, P, N, BLOCK_Q, BLOCK_P, BLOCK_N)
+    tt = offs_q[:, None]
+    ss = offs_q[None, :]
+    xo = b64 * L * H * P + hidx * P
+    dto = b64 * L * H + hidx
+    bc_off = b64 * L * G * N + gidx * N
+    _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
+    rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, H * P, G * N, BLOCK_Q)
+    xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+    yv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)
+    if DO_F:
+        dtv, a, cs, _last_f, _tail_f = _chunk_decay(dt_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS,
+                                                    COMPUTE, BLOCK_Q)
+        Bv = tl.load(B_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+        Cv = _load_c(C_ptr + bc_off, rows, mrow, offs_n, mask_n, L, G * N, -1 if SHIFT else 0, COMPUTE)
+        if SHARE:  # both directions' in-chunk pairs (see _pair_decay)
+            decay = _pair_decay(cs, a, tt, ss)
+        elif SHIFT:  # y_f[t] reads C[t-1] and the steps s+1..t-1
+            decay = tl.exp(tl.where(tt > ss, (cs - a)[:, None] - cs[None, :], float("-inf")))
+        else:
+            decay = tl.exp(tl.where(tt >= ss, cs[:, None] - cs[None, :], float("-inf")))
+        yv += tl.dot(tl.dot(Cv, tl.trans(Bv)) * decay * dtv[None, :], xv)
+    if DO_B and not SHARE:
+        dtv, a, cs, _last_b, _tail_b = _chunk_decay(dtb_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi,
+                                                    SOFTPLUS, COMPUTE, BLOCK_Q)
+        csx = cs - a
+        Bv = tl.load(Bb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+        Cv = _load_c(Cb_ptr + bc_off, rows, mrow, offs_n, mask_n, L, G * N, 1 if SHIFT else 0, COMPUTE)
+        if SHIFT:  # y_b[t] reads C_bwd[t+1] and the steps t+1..s-1
+            decay = tl.exp(tl.where(ss > tt, csx[None, :] - cs[:, None], float("-inf")))
+        else:
+            decay = tl.exp(tl.where(ss >= tt, csx[None, :] - csx[:, None], float("-inf")))
+        yv += tl.dot(tl.dot(Cv, tl.trans(Bv)) * decay * dtv[None, :], xv)
+    y_ptrs = y_ptr + xo + xy_off
+    tl.store(y_ptrs, (tl.load(y_ptrs, mask=m_xp, other=0.0).to(COMPUTE) + yv).to(y_ptr.dtype.element_ty), mask=m_xp)
 
 
 @triton.jit
@@ -516,11 +564,7 @@ def _bi_ssd_bwd_kernel(
     seg = tl.program_id(1)
     hidx, gidx, b64 = _head_coords(pid, H, G)
 
-    offs_q = tl.arange(0, BLOCK_Q)
-    offs_p = tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_p = offs_p < P
-    mask_n = offs_n < N
+    offs_q, offs_p, offs_n, mask_p, mask_n = _tile_offsets(0, P, N, BLOCK_Q, BLOCK_P, BLOCK_N)
 
     xo = b64 * L * H * P + hidx * P  # x, dy, dx
     dto = b64 * L * H + hidx  # dt, ddt
@@ -745,11 +789,7 @@ def _bi_ssd_bwd_pairs_kernel(
     c = tl.program_id(1)
     hidx, gidx, b64 = _head_coords(pid, H, G)
 
-    offs_q = tl.arange(0, BLOCK_Q)
-    offs_p = tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_p = offs_p < P
-    mask_n = offs_n < N
+    offs_q, offs_p, offs_n, mask_p, mask_n = _tile_offsets(0, P, N, BLOCK_Q, BLOCK_P, BLOCK_N)
     tt = offs_q[:, None]
     ss = offs_q[None, :]
     xo = b64 * L * H * P + hidx * P

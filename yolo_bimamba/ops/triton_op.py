@@ -1,10 +1,11 @@
 """Autograd wrapper of the fused Triton bidirectional SSD kernels (``bi_ssd(..., backend="triton")``).
 
 Forward: a state kernel (segment-boundary states; skipped when the sequence is one segment) and one forward
-launch. Backward: a state kernel, one segment-kernel launch per direction (or one for both, ``split=False``),
-the pass-C kernel, with ngroups < nheads the fold of the per-head dB, dC into groups, plus a few tiny reductions
-over the batch in torch. On CUDA the kernels are autotuned over :data:`FWD_CONFIGS` / :data:`BWD_CONFIGS` /
-:data:`STATE_CONFIGS` (``YOLO_BIMAMBA_AUTOTUNE=0``: no autotuning, :func:`default_config`); under the Triton
+launch. Backward: a state kernel, one segment-kernel launch per direction (or one for both, ``split=False``) for the
+state terms, the in-chunk pairs kernel, the pass-C kernel, with ngroups < nheads the fold of the per-head dB, dC
+into groups, plus a few tiny reductions over the batch in torch. On CUDA the kernels are autotuned over
+:data:`FWD_CONFIGS` / :data:`BWD_CONFIGS` / :data:`STATE_CONFIGS` / :data:`PAIRS_CONFIGS` (``YOLO_BIMAMBA_AUTOTUNE=0``:
+no autotuning, :func:`default_config`); under the Triton
 interpreter (``TRITON_INTERPRET=1``, CPU tensors) the default configs run unless one is forced with
 :func:`force_config`.
 """
@@ -20,7 +21,8 @@ import triton
 
 from .triton_kernels import (
     BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS, _bi_ssd_bwd_dt_kernel,
-    _bi_ssd_bwd_kernel, _bi_ssd_bwd_pairs_kernel, _bi_ssd_fold_kernel, _bi_ssd_fwd_kernel, _bi_ssd_state_kernel,
+    _bi_ssd_bwd_kernel, _bi_ssd_bwd_pairs_kernel, _bi_ssd_fold_kernel, _bi_ssd_fwd_kernel, _bi_ssd_fwd_pairs_kernel,
+    _bi_ssd_state_kernel,
     prune_bwd_configs,
 )
 from .fused_switch import alloc as _alloc, check_guards, compute_dtype, poison_outputs  # noqa: F401 (test hooks)
@@ -32,9 +34,11 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _forced = {"fwd": None, "bwd": None, "state": None, "pairs": None, "seg": None, "split": None}
 # "both" directions: the backward's segment kernel runs once per direction (the second launch adds to the first's
 # dx, dB, dC) instead of once with both directions in one program (fewer registers per program). "auto" (default):
-# two launches, except in BiMamba2 mode (SHARE) with headdim and d_state <= 32, where the anti-causal direction has
-# only its state terms left and one launch was 2-10 % faster on an H200 at yolov8n-bimamba's shapes (and 35 % slower
-# at the LM shape, p64 n128; equal at p64 n64): benchmarks/results/session8/split-prof-*.json. "1" / "0": always / never.
+# two launches, except in BiMamba2 mode (SHARE) with headdim and d_state <= 64, where the one launch reuses the causal
+# direction's loads for the anti-causal one. Since the in-chunk pairs have their own kernel, one launch was faster on
+# an H200 at every detection shape (b32 L1600 h8 p32 n32: 1.296 vs 1.453 ms per fwd+bwd; b16 L1600 h8 p64 n64: 1.127
+# vs 1.200), two at the LM shape, p64 n128 (16.1 vs 21.5 ms): benchmarks/results/session10/sweep-cfg-split-*.txt.
+# "1" / "0": always / never.
 _SPLIT_DIRECTIONS = os.environ.get("YOLO_BIMAMBA_SPLIT_DIRECTIONS", "auto").strip().lower()
 # segment-parallel kernels: aim for about this many backward programs per streaming multiprocessor. 2 was faster than
 # 4 and 8 on an H200 at every shape of benchmarks/profile_gpu.py (fewer segments: a shorter state-kernel walk and fewer
@@ -46,12 +50,16 @@ DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 3, "pairs": 0}
 # ... except the backward at headdim and d_state <= 32 (the detection models' shapes): there the two-stage config was
 # 7-10 % faster than config 0 on an H200 (benchmarks/results/session9/dedup-prof-f9c7dcb.json); at 64 it was 26 % slower
 DEFAULT_BWD_SMALL = 3
+# ... and the forward's state terms there: (BLOCK_Q 64, BLOCK_P 32) was faster than (64, 64) with its in-chunk pairs
+# kernel on an H200 (b32 L1600 h8 p32 n32: 1.153 vs 1.182 ms per fwd+bwd; b32 L400 h16: 0.578 vs 0.595;
+# benchmarks/results/session10/ab5-B-fwd-cfgs.json)
+DEFAULT_FWD_SMALL = 1
 
 
 def default_config(which, kwargs) -> int:
     """Index of the config that runs without autotuning (and under the interpreter, unless one is forced)."""
-    if which == "bwd" and max(kwargs["P"], kwargs["N"]) <= 32:
-        return DEFAULT_BWD_SMALL
+    if which in ("bwd", "fwd") and max(kwargs["P"], kwargs["N"]) <= 32:
+        return DEFAULT_BWD_SMALL if which == "bwd" else DEFAULT_FWD_SMALL
     return DEFAULT_CONFIGS[which]
 
 
@@ -78,7 +86,12 @@ _BENCH = dict(do_bench=_cpu_bench) if _INTERPRET else {}
 # the backward's dot classes, each a keyword argument of the kernels naming an input precision (_dot_precisions)
 DOT_CLASSES = ("DOT_ST", "DOT_RD", "DOT_MID", "DOT_IN", "DOT_LO")
 _KEY = ["P", "N", "DO_F", "DO_B", "SHIFT", "SHARE", "HAS_D", "D_PER_P", "HAS_BIAS", "SOFTPLUS", "COMPUTE"]
-_fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=_KEY, **_BENCH)(_bi_ssd_fwd_kernel)
+_fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=[k for k in _KEY if k != "SHARE"], **_BENCH)(_bi_ssd_fwd_kernel)
+# the forward's in-chunk pairs add to the y the forward kernel wrote: timed on a copy restored after every timed call
+_fwd_pairs_tuned = triton.autotune(
+    configs=PAIRS_CONFIGS, key=[k for k in _KEY if k not in ("HAS_D", "D_PER_P")] + ["BLOCK_Q", "BLOCK_P"],
+    restore_value=["y_ptr"], **_BENCH,
+)(_bi_ssd_fwd_pairs_kernel)
 # the backward adds to dx (and dB, dC) that an earlier launch wrote (ACC): the autotuner times each config on copies
 # restored after every timed call, so tuning never adds the same contribution twice
 _bwd_tuned = triton.autotune(
@@ -104,7 +117,7 @@ def interpreter_autotune():
     global _TUNE_IN_INTERPRETER
     old = _TUNE_IN_INTERPRETER
     _TUNE_IN_INTERPRETER = True
-    for tuned in (_fwd_tuned, _bwd_tuned, _state_tuned, _pairs_tuned):
+    for tuned in (_fwd_tuned, _bwd_tuned, _state_tuned, _pairs_tuned, _fwd_pairs_tuned):
         tuned.cache.clear()
     _chosen.clear()
     try:
@@ -278,7 +291,7 @@ def _split_directions(p, n, share) -> bool:
     if _SPLIT_DIRECTIONS in ("", "0", "false", "no"):
         return False
     if _SPLIT_DIRECTIONS == "auto":
-        return not (share and max(p, n) <= 32)
+        return not (share and max(p, n) <= 64)
     return True
 
 
@@ -288,6 +301,14 @@ def _shares(opts, separate) -> bool:
     anti-causal direction's code only its state terms."""
     _softplus, _lo, _hi, do_f, do_b, shift = opts
     return do_f and do_b and not shift and not separate
+
+
+def _chunk_tile(used, which):
+    """(BLOCK_Q, BLOCK_P) of the config a segment kernel ran (``used``, from _launch): its pairs kernel must cut the
+    sequence into the same chunks."""
+    if used is None:
+        raise RuntimeError(f"the {which} segment kernel's config is unknown (its autotuner reported none)")
+    return used.kwargs["BLOCK_Q"], used.kwargs.get("BLOCK_P")
 
 
 class _BiSSDFn(torch.autograd.Function):
@@ -304,12 +325,17 @@ class _BiSSDFn(torch.autograd.Function):
         bias_arg = dt_bias if has_bias else x
         seg, nseg, st = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, None, opts, has_bias)
         args = (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, y, st, l, h, g, seg, lo, hi)
-        kwargs = dict(
-            P=p, N=n, BLOCK_N=kernel_tile(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, SHARE=_shares(opts, separate),
-            HAS_D=has_d, D_PER_P=has_d and D.dim() == 2, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype),
-        )
-        _launch(_bi_ssd_fwd_kernel, _fwd_tuned, FWD_CONFIGS, "fwd",
-                lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"]), nseg), args, kwargs)
+        common = dict(P=p, N=n, BLOCK_N=kernel_tile(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias,
+                      SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype))
+        used = _launch(_bi_ssd_fwd_kernel, _fwd_tuned, FWD_CONFIGS, "fwd",
+                       lambda meta: (b * h, triton.cdiv(p, meta["BLOCK_P"]), nseg), args,
+                       dict(common, HAS_D=has_d, D_PER_P=has_d and D.dim() == 2))
+        # the in-chunk pairs, in the chunks and headdim blocks of the forward kernel's config
+        q, bp = _chunk_tile(used, "forward")
+        _launch(_bi_ssd_fwd_pairs_kernel, _fwd_pairs_tuned, PAIRS_CONFIGS, "pairs",
+                lambda meta: (b * h, triton.cdiv(p, bp), triton.cdiv(l, q)),
+                (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, y, l, h, g, lo, hi),
+                dict(common, SHARE=_shares(opts, separate), BLOCK_Q=q, BLOCK_P=bp))
         ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd)
         ctx.opts = opts
         return y.to(x.dtype)
@@ -381,9 +407,7 @@ class _BiSSDFn(torch.autograd.Function):
 
         def pairs(used, gB, gC, gBb, gCb, **flags):
             # the in-chunk pairs, after the segment kernel of the same directions, in the same chunks (its BLOCK_Q)
-            if used is None:
-                raise RuntimeError("the backward segment kernel's config is unknown (its autotuner reported none)")
-            q = used.kwargs["BLOCK_Q"]
+            q = _chunk_tile(used, "backward")[0]
             _launch(_bi_ssd_bwd_pairs_kernel, _pairs_tuned, PAIRS_CONFIGS, "pairs", lambda meta: (b * h, triton.cdiv(l, q)),
                     (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, dx, gB, gC, gBb, gCb, scr, l, h, g, lo, hi),
                     {**pkw, **flags, "BLOCK_Q": q})
