@@ -46,7 +46,7 @@ TIMEOUT_S = 600
 # Tier 1 ("cubin": all the way through ptxas, fp32 and bf16): the problem families that set the
 # tile sizes and shared memory (headdim x d_state 64x64 = detection, 64x128 = LM, 128x128 = the
 # largest supported for fp32 and 16-bit inputs), in the default bidirectional mode; at 64x64 also with the backward's two directions in
-# one launch (force_config(split=False)) instead of two.
+# two launches (force_config(split=True)) instead of one.
 # Tier 2 ("ptx": front end, layouts and shared-memory allocation, no ptxas; one dtype each, to
 # keep this test within its CI budget): the other code paths of the same kernels (Hydra shift with
 # separate backward inputs, shift with shared inputs, one direction, ngroups > 1, D per channel,
@@ -61,7 +61,7 @@ def _variants():
     t1, t2 = "cubin", "ptx"
     return [
         ("p64n64-both", 64, 64, 1, 8, both, ("fp32", "bf16"), t1),
-        ("p64n64-both-one-launch", 64, 64, 1, 8, dict(both, split=False), ("fp32", "bf16"), t1),
+        ("p64n64-both-two-launches", 64, 64, 1, 8, dict(both, split=True), ("fp32", "bf16"), t1),
         ("p64n128-both", 64, 128, 1, 8, both, ("fp32", "bf16"), t1),
         ("p128n128-both", 128, 128, 1, 4, both, ("fp32", "bf16"), t1),
         # 256 fits only for 16-bit inputs, with the other size at most 64 (validate.triton_dims_supported)
