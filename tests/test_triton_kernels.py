@@ -719,6 +719,9 @@ def test_default_backward_config_rule(monkeypatch):
     assert rule("fwd", dict(P=16, N=16)) == rule("fwd", dict(P=32, N=32)) == triton_op.DEFAULT_FWD_SMALL
     assert rule("fwd", dict(P=64, N=32)) == triton_op.DEFAULT_CONFIGS["fwd"]
     assert FWD_CONFIGS[triton_op.DEFAULT_FWD_SMALL].kwargs == dict(BLOCK_Q=64, BLOCK_P=32)
+    # the pairs kernels: 2 warps in chunks of 32 rows, 4 in chunks of 64 (2 would spill there)
+    assert PAIRS_CONFIGS[rule("pairs", dict(P=32, N=32, BLOCK_Q=32))].num_warps == 2
+    assert PAIRS_CONFIGS[rule("pairs", dict(P=64, N=64, BLOCK_Q=64))].num_warps == 4
     launched = []
     orig = triton_op._run_config
 

@@ -54,12 +54,19 @@ DEFAULT_BWD_SMALL = 3
 # kernel on an H200 (b32 L1600 h8 p32 n32: 1.153 vs 1.182 ms per fwd+bwd; b32 L400 h16: 0.578 vs 0.595;
 # benchmarks/results/session10/ab5-B-fwd-cfgs.json)
 DEFAULT_FWD_SMALL = 1
+# the in-chunk pairs kernels in chunks of 64 rows: 4 warps (PAIRS_CONFIGS[1]). With 2 warps they need 255 registers
+# and spill at headdim = d_state = 32 on sm_90 (backward: 896 bytes of stack per thread; forward at BLOCK_P 64: 72
+# bytes), with 4 warps they do not (benchmarks/results/session10/regs-p32n32-sm90-*.json; chosen from that compile
+# report, not timed: with autotuning on, the tuner picks per BLOCK_Q)
+DEFAULT_PAIRS_Q64 = 1
 
 
 def default_config(which, kwargs) -> int:
     """Index of the config that runs without autotuning (and under the interpreter, unless one is forced)."""
     if which in ("bwd", "fwd") and max(kwargs["P"], kwargs["N"]) <= 32:
         return DEFAULT_BWD_SMALL if which == "bwd" else DEFAULT_FWD_SMALL
+    if which == "pairs" and kwargs["BLOCK_Q"] >= 64:
+        return DEFAULT_PAIRS_Q64
     return DEFAULT_CONFIGS[which]
 
 
