@@ -532,6 +532,12 @@ def _bi_ssd_state_kernel(
 
 
 @triton.jit
+def _add_rows(ptrs, v, mask):
+    """ptrs[...] += v (a read-add-write of rows that no other program of the launch touches)."""
+    tl.store(ptrs, (tl.load(ptrs, mask=mask, other=0.0).to(v.dtype) + v).to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _dir_chunk(dt_ptr, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn, bn_off, L, H,
                xstride, dt_lo, dt_hi, DZ_SHIFT: tl.constexpr, SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr,
                BLOCK_Q: tl.constexpr):
@@ -611,15 +617,11 @@ def _bi_ssd_bwd_kernel(
         c = c1 - 1 - ci
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
         xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+        g_off = go + rows[:, None] * gstride + offs_n[None, :]
         if ACC and DO_F:  # the other direction's launch wrote dx (with D dy) already
             dxv = tl.load(dx_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
         else:
             dxv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)
-        if not ACC:  # D dy and dD (from the first launch only)
-            dyv = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-            dD_acc += tl.sum(dyv * xv, 0)
-            if HAS_D:
-                dxv += Dv * dyv
         dCv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
         if DO_F:
             dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk(
@@ -632,7 +634,7 @@ def _bi_ssd_bwd_kernel(
             dS = tl.exp(lastf) * dS + _dot(tl.trans(Cf * tl.exp(csf)[:, None]), dzf, DOT_ST)
             xin = tl.sum(uf_in * xv, 1)
             dxv += dtf[:, None] * uf_in
-            tl.store(dB_ptr + go + rows[:, None] * gstride + offs_n[None, :], dBf.to(dB_ptr.dtype.element_ty), mask=m_bn)
+            tl.store(dB_ptr + g_off, dBf.to(dB_ptr.dtype.element_ty), mask=m_bn)
             tl.store(scr_ptr + so + rows, -dtf * xin, mask=mrow)
             tl.store(scr_ptr + so + L + rows, xin, mask=mrow)
         if DO_B:
@@ -648,18 +650,28 @@ def _bi_ssd_bwd_kernel(
             Yb = tl.sum(Cbv * dCb, 1)
             Sb = tl.exp(lastb) * Sb + _dot(tl.trans(Bbv * (tl.exp(csb - ab) * dtb)[:, None]), xv, DOT_ST)
             if SEPARATE:
-                tl.store(dCb_ptr + go + rows[:, None] * gstride + offs_n[None, :], dCb.to(dCb_ptr.dtype.element_ty), mask=m_bn)
+                tl.store(dCb_ptr + g_off, dCb.to(dCb_ptr.dtype.element_ty), mask=m_bn)
             else:
                 dCv += dCb
             tl.store(scr_ptr + so + 2 * L + rows, Yb, mask=mrow)
             tl.store(scr_ptr + so + 3 * L + rows, -Yb, mask=mrow)
+        if not ACC:  # D dy and dD (from the first launch only); without the shift, dy is a direction's dz loaded above
+            if DO_F and not SHIFT:
+                dyv = dzf
+            elif DO_B and not SHIFT:
+                dyv = dzb
+            else:
+                dyv = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+            dD_acc += tl.sum(dyv * xv, 0)
+            if HAS_D:
+                dxv += Dv * dyv
         if DO_F or (not ACC):  # (an anti-causal launch adding to an earlier launch's dx does so in pass B)
             tl.store(dx_ptr + xo + xy_off, dxv.to(dx_ptr.dtype.element_ty), mask=m_xp)
         if DO_F or (not SEPARATE):
-            dC_ptrs = dC_ptr + go + rows[:, None] * gstride + offs_n[None, :]
             if ACC and (not SEPARATE):  # add to the other direction's dC
-                dCv += tl.load(dC_ptrs, mask=m_bn, other=0.0).to(COMPUTE)
-            tl.store(dC_ptrs, dCv.to(dC_ptr.dtype.element_ty), mask=m_bn)
+                _add_rows(dC_ptr + g_off, dCv, m_bn)
+            else:
+                tl.store(dC_ptr + g_off, dCv.to(dC_ptr.dtype.element_ty), mask=m_bn)
 
     tl.debug_barrier()
     # ------------------------------------------------------------------ pass B (forward walk)
@@ -674,6 +686,7 @@ def _bi_ssd_bwd_kernel(
     for c in range(c0, c1):
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
         xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+        g_off = go + rows[:, None] * gstride + offs_n[None, :]
         if DO_F:
             dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk(
                 dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p,
@@ -682,12 +695,9 @@ def _bi_ssd_bwd_kernel(
             # = C_t . dC_t from the same product (DOT_RD, as for Yb)
             dC_inter = tl.exp(csf)[:, None] * _dot(dzf, tl.trans(S), DOT_RD)
             Yf = tl.sum(Cf * dC_inter, 1)
-            dC_ptrs = dC_ptr + go + rows[:, None] * gstride + offs_n[None, :]
-            dC_inter += tl.load(dC_ptrs, mask=m_bn, other=0.0).to(COMPUTE)
-            tl.store(dC_ptrs, dC_inter.to(dC_ptr.dtype.element_ty), mask=m_bn)
+            _add_rows(dC_ptr + g_off, dC_inter, m_bn)
             S = tl.exp(lastf) * S + _dot(tl.trans(Bf * (tl.exp(tailf - af) * dtf)[:, None]), xv, DOT_ST)
-            s0 = tl.load(scr_ptr + so + rows, mask=mrow, other=0.0)
-            tl.store(scr_ptr + so + rows, s0 + Yf, mask=mrow)
+            _add_rows(scr_ptr + so + rows, Yf, mrow)
         if DO_B:
             if SHARE and DO_F:  # as in pass A
                 dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
@@ -702,21 +712,16 @@ def _bi_ssd_bwd_kernel(
             xub_in = tl.sum(ub_in * xv, 1)
             Xb = dtb * xub_in
             dSb = tl.exp(lastb) * dSb + _dot(tl.trans(Cbv * tl.exp(tailb)[:, None]), dzb, DOT_ST)
-            dx_ptrs = dx_ptr + xo + xy_off
-            dxb = dtb[:, None] * ub_in + tl.load(dx_ptrs, mask=m_xp, other=0.0).to(COMPUTE)
-            tl.store(dx_ptrs, dxb.to(dx_ptr.dtype.element_ty), mask=m_xp)
+            _add_rows(dx_ptr + xo + xy_off, dtb[:, None] * ub_in, m_xp)
             if SEPARATE:
-                tl.store(dBb_ptr + go + rows[:, None] * gstride + offs_n[None, :], dBb.to(dBb_ptr.dtype.element_ty), mask=m_bn)
+                tl.store(dBb_ptr + g_off, dBb.to(dBb_ptr.dtype.element_ty), mask=m_bn)
+            elif DO_F or ACC:  # add to this chunk's dB of pass A or of the other direction's launch
+                _add_rows(dB_ptr + g_off, dBb, m_bn)
             else:
-                dB_ptrs = dB_ptr + go + rows[:, None] * gstride + offs_n[None, :]
-                if DO_F or ACC:
-                    dBb += tl.load(dB_ptrs, mask=m_bn, other=0.0).to(COMPUTE)
-                tl.store(dB_ptrs, dBb.to(dB_ptr.dtype.element_ty), mask=m_bn)
+                tl.store(dB_ptr + g_off, dBb.to(dB_ptr.dtype.element_ty), mask=m_bn)
             # one read-add-write per scratch slot and chunk (rows written in pass A)
-            s2 = tl.load(scr_ptr + so + 2 * L + rows, mask=mrow, other=0.0)
-            tl.store(scr_ptr + so + 2 * L + rows, s2 - Xb, mask=mrow)
-            s3 = tl.load(scr_ptr + so + 3 * L + rows, mask=mrow, other=0.0)
-            tl.store(scr_ptr + so + 3 * L + rows, s3 + Xb, mask=mrow)
+            _add_rows(scr_ptr + so + 2 * L + rows, -Xb, mrow)
+            _add_rows(scr_ptr + so + 3 * L + rows, Xb, mrow)
             tl.store(scr_ptr + so + 4 * L + rows, xub_in, mask=mrow)
 
     # per-(batch * head, segment) partial of dD (from the first launch only)
@@ -765,12 +770,6 @@ def _chunk_pairs(xv, dtv, a, cs, Bv, Cv, dz, tt, ss, MODE: tl.constexpr, DOT_MID
         Pf = Pm - Pb
         dad = tl.cumsum(tl.sum(Pf, 1) - tl.sum(Pf, 0), 0, reverse=True) + tl.cumsum(tl.sum(Pb, 1) - tl.sum(Pb, 0), 0)
     return dtv[:, None] * u, dBv, dCv, tl.sum(u * xv, 1), dad
-
-
-@triton.jit
-def _add_rows(ptrs, v, mask):
-    """ptrs[...] += v (a read-add-write of rows that no other program of the launch touches)."""
-    tl.store(ptrs, (tl.load(ptrs, mask=mask, other=0.0).to(v.dtype) + v).to(ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -93,10 +93,11 @@ _BENCH = dict(do_bench=_cpu_bench) if _INTERPRET else {}
 # the backward's dot classes, each a keyword argument of the kernels naming an input precision (_dot_precisions)
 DOT_CLASSES = ("DOT_ST", "DOT_RD", "DOT_MID", "DOT_IN", "DOT_LO")
 _KEY = ["P", "N", "DO_F", "DO_B", "SHIFT", "SHARE", "HAS_D", "D_PER_P", "HAS_BIAS", "SOFTPLUS", "COMPUTE"]
+_PAIRS_KEY = [k for k in _KEY if k not in ("HAS_D", "D_PER_P")]  # (D is the segment kernels')
 _fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=[k for k in _KEY if k != "SHARE"], **_BENCH)(_bi_ssd_fwd_kernel)
 # the forward's in-chunk pairs add to the y the forward kernel wrote: timed on a copy restored after every timed call
 _fwd_pairs_tuned = triton.autotune(
-    configs=PAIRS_CONFIGS, key=[k for k in _KEY if k not in ("HAS_D", "D_PER_P")] + ["BLOCK_Q", "BLOCK_P"],
+    configs=PAIRS_CONFIGS, key=_PAIRS_KEY + ["BLOCK_Q", "BLOCK_P"],
     restore_value=["y_ptr"], **_BENCH,
 )(_bi_ssd_fwd_pairs_kernel)
 # the backward adds to dx (and dB, dC) that an earlier launch wrote (ACC): the autotuner times each config on copies
@@ -107,8 +108,7 @@ _bwd_tuned = triton.autotune(
 )(_bi_ssd_bwd_kernel)
 # the in-chunk pairs add to what the segment kernel wrote: timed on copies restored after every timed call, as above
 _pairs_tuned = triton.autotune(
-    configs=PAIRS_CONFIGS, key=[k for k in _KEY if k not in ("HAS_D", "D_PER_P")] + [
-        "SEPARATE", "GRAD_PER_HEAD", "BLOCK_Q", "DOT_MID", "DOT_IN", "DOT_LO"],
+    configs=PAIRS_CONFIGS, key=_PAIRS_KEY + ["SEPARATE", "GRAD_PER_HEAD", "BLOCK_Q", "DOT_MID", "DOT_IN", "DOT_LO"],
     restore_value=["dx_ptr", "dB_ptr", "dC_ptr", "dBb_ptr", "dCb_ptr", "scr_ptr"], **_BENCH,
 )(_bi_ssd_bwd_pairs_kernel)
 _state_tuned = triton.autotune(
