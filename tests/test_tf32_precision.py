@@ -23,11 +23,9 @@ pytest.importorskip("triton")
 from yolo_bimamba.ops import bi_ssd  # noqa: E402
 from yolo_bimamba.ops import triton_op  # noqa: E402
 from yolo_bimamba.ops.triton_op import BWD_CONFIGS, STATE_CONFIGS, force_config  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
-from yolo_bimamba.ops.triton_kernels import _round_bf16, _split_bf16  # noqa: E402
 
+from bf16_split_check import bf16_split_case, check_bf16_split  # noqa: E402
 from tf32_emulation import emulate_tf32, to_tf32  # noqa: E402
 
 if torch.cuda.is_available() or not triton_op._INTERPRET:
@@ -86,31 +84,8 @@ def test_backward_precision_policy_meets_the_fp32_bar_under_emulated_tf32():
     assert all_tf32["dA"] > BAR and all_tf32["dA"] > 50 * policy["dA"], all_tf32
 
 
-@triton.jit
-def _bf16_kernel(v_ptr, r_ptr, hi_ptr, lo_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    m = offs < n
-    v = tl.load(v_ptr + offs, mask=m, other=0.0)
-    tl.store(r_ptr + offs, _round_bf16(v).to(tl.float32), mask=m)
-    hi, mid, lo = _split_bf16(v)
-    tl.store(hi_ptr + offs, hi.to(tl.float32), mask=m)
-    tl.store(lo_ptr + offs, mid.to(tl.float32) + lo.to(tl.float32), mask=m)
-
-
-def test_bf16_rounding_emulation_matches_torch():
-    gen = torch.Generator().manual_seed(0)
-    one_ulp = 2.0 ** -7
-    v = torch.cat([
-        torch.randn(3000, generator=gen) * torch.logspace(-30, 30, 3000),
-        torch.tensor([1.0 + one_ulp / 2, 1.0 + 3 * one_ulp / 2, -(1.0 + one_ulp / 2), 3.0e38, -0.0, 1e-40]),
-    ]).float()
-    r, hi, lo = (torch.empty_like(v) for _ in range(3))
-    _bf16_kernel[(1,)](v, r, hi, lo, v.numel(), BLOCK=4096)
-    assert torch.equal(r, v.bfloat16().float())  # round to nearest, ties to even, as the GPU's cvt.rn.bf16
-    mid = (v - hi).bfloat16().float()
-    assert torch.equal(hi, r) and torch.equal(lo, mid + (v - hi - mid).bfloat16().float())
-    normal = v.abs() > 1e-30
-    assert ((hi + lo - v).abs()[normal] <= 2.0 ** -23 * v.abs()[normal]).all()
+def test_bf16_rounding_and_split():
+    check_bf16_split(*bf16_split_case("cpu"))
 
 
 _BF16_POLICY = dict(DOT_ST="bf16x3a", DOT_RD="bf16x3b", DOT_MID="bf16", DOT_IN="bf16", DOT_LO="bf16")

@@ -464,3 +464,15 @@ def test_autotuned_first_call(dtype):
         assert to._chosen, "the tuned configs were not kept for the second call"
     finally:
         to._AUTOTUNE = old
+
+
+# the bf16 split of the state dots on the GPU's real bf16 bit operations ------------------------
+
+def test_bf16_rounding_and_split_on_the_gpu():
+    """The split the bf16 policy's state dots use (triton_kernels._split_bf16: masks and a bit cast to bf16 on the
+    GPU, fp32 values in the interpreter) gives the same exact parts on the GPU as the CPU test checks emulated."""
+    if BACKEND != "triton":
+        pytest.skip("the split belongs to the triton backend")
+    from bf16_split_check import bf16_split_case, check_bf16_split
+
+    check_bf16_split(*(t.cpu() for t in bf16_split_case(DEVICE)))

@@ -148,12 +148,26 @@ def _round_bf16(v):
 
 
 @triton.jit
+def _bf16_of_bits(u):
+    """The bf16 value of the fp32 bits u whose low 16 bits are zero (exact: bf16 is the top half of fp32): bit
+    operations on the GPU, no conversion instruction; in the interpreter the same value as fp32."""
+    if _EMULATE_BF16:
+        return u.to(tl.float32, bitcast=True)
+    else:
+        return (u >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _split_bf16(v):
-    """v = hi + mid + lo + O(2^-24 |v|), three bf16 values (Dekker-style splitting on the fp32 value)."""
-    hi = _round_bf16(v)
-    r = v - hi.to(tl.float32)
-    mid = _round_bf16(r)
-    return hi, mid, _round_bf16(r - mid.to(tl.float32))
+    """v = hi + mid + lo exactly, three bf16 values: hi is v truncated to bf16 (its top 16 bits), mid the same of
+    the rest v - hi (exact: it holds v's next 16 significant bits), lo = v - hi - mid (exact, and at most 8
+    significant bits are left, so it is a bf16 value). Truncation instead of rounding: masks and subtractions
+    only, where a rounding split needs a conversion instruction per element and part."""
+    hu = v.to(tl.uint32, bitcast=True) & 0xFFFF0000
+    r = v - hu.to(tl.float32, bitcast=True)
+    mu = r.to(tl.uint32, bitcast=True) & 0xFFFF0000
+    lo = r - mu.to(tl.float32, bitcast=True)
+    return _bf16_of_bits(hu), _bf16_of_bits(mu), _bf16_of_bits(lo.to(tl.uint32, bitcast=True))
 
 
 @triton.jit
