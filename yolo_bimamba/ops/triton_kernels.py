@@ -217,11 +217,21 @@ def _process_dt(raw, bias, dt_lo, dt_hi, SOFTPLUS: tl.constexpr):
 
 
 @triton.jit
-def _load_dt(dt_ptr, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr):
-    raw = tl.load(dt_ptr + rows * H, mask=mrow, other=0.0).to(COMPUTE)
+def _raw_dt(dt_ptr, rows, L, H, COMPUTE: tl.constexpr):
+    """dt as stored, of the rows in [0, L) (0 elsewhere)."""
+    return tl.load(dt_ptr + rows * H, mask=(rows >= 0) & (rows < L), other=0.0).to(COMPUTE)
+
+
+@triton.jit
+def _dt_of_raw(raw, bias, mrow, dt_lo, dt_hi, SOFTPLUS: tl.constexpr):
     dtv, dgrad = _process_dt(raw, bias, dt_lo, dt_hi, SOFTPLUS)
     # padding rows contribute nothing, whatever bias/softplus would make of them
     return tl.where(mrow, dtv, 0.0), tl.where(mrow, dgrad, 0.0)
+
+
+@triton.jit
+def _load_dt(dt_ptr, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr):
+    return _dt_of_raw(tl.load(dt_ptr + rows * H, mask=mrow, other=0.0).to(COMPUTE), bias, mrow, dt_lo, dt_hi, SOFTPLUS)
 
 
 @triton.jit
@@ -275,11 +285,17 @@ LOG_DECAY_FLOOR = tl.constexpr(_LOG_DECAY_FLOOR)
 @triton.jit
 def _chunk_decay(dt_ptr, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS: tl.constexpr,
                  COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr):
-    """One chunk's processed dt, log-decays a = max(dt A, LOG_DECAY_FLOOR), their inclusive cumsum cs, its last
+    return _decay_of_raw(tl.load(dt_ptr + rows * H, mask=mrow, other=0.0).to(COMPUTE), bias, A_h, mrow, offs_q, dt_lo,
+                         dt_hi, SOFTPLUS, BLOCK_Q)
+
+
+@triton.jit
+def _decay_of_raw(raw, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """One chunk's processed dt (from dt as stored), log-decays a = max(dt A, LOG_DECAY_FLOOR), their inclusive cumsum cs, its last
     value, and the inclusive reverse cumsum tail (tail[s] = sum_{k >= s} a_k). Decays to the chunk's end are taken
     from tail, not from last - cs: that difference of two large sums loses the small ones (its rounding is the spacing
     of |cs|), and the two sides of a pair across chunks would then disagree by more than the pair's own rounding."""
-    dtv, _unused = _load_dt(dt_ptr, bias, rows, mrow, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE)
+    dtv, _unused = _dt_of_raw(raw, bias, mrow, dt_lo, dt_hi, SOFTPLUS)
     a = tl.maximum(dtv * A_h, LOG_DECAY_FLOOR)
     cs = tl.cumsum(a, 0)
     return dtv, a, cs, _last(cs, offs_q, BLOCK_Q), tl.cumsum(a, 0, reverse=True)
@@ -546,19 +562,26 @@ def _bi_ssd_state_kernel(
 
 
 @triton.jit
-def _add_rows(ptrs, v, mask):
-    """ptrs[...] += v (a read-add-write of rows that no other program of the launch touches)."""
-    tl.store(ptrs, (tl.load(ptrs, mask=mask, other=0.0).to(v.dtype) + v).to(ptrs.dtype.element_ty), mask=mask)
+def _store_sum(ptrs, old, v, mask):
+    """ptrs[...] = old + v, where old was loaded from ptrs (rows that no other program of the launch touches)."""
+    tl.store(ptrs, (old.to(v.dtype) + v).to(ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _dir_chunk(dt_ptr, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn, bn_off, L, H,
+def _add_rows(ptrs, v, mask):
+    """ptrs[...] += v (a read-add-write of rows that no other program of the launch touches)."""
+    _store_sum(ptrs, tl.load(ptrs, mask=mask, other=0.0), v, mask)
+
+
+@triton.jit
+def _dir_chunk(raw_dt, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn, bn_off, L,
                xstride, dt_lo, dt_hi, DZ_SHIFT: tl.constexpr, SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr,
                BLOCK_Q: tl.constexpr):
-    """One direction's inputs of a chunk in the backward: processed dt, log-decays, their cumsums (_chunk_decay), B,
+    """One direction's inputs of a chunk in the backward (raw_dt: its dt as stored, _raw_dt, loaded ahead by the
+    segment kernel): processed dt, log-decays, their cumsums (_chunk_decay), B,
     C and the gradient dz of the direction's unshifted output z, loaded at rows + DZ_SHIFT (Hydra's shift:
     y_f[t] = z_f[t-1] -> dz_f[t] = dy[t+1], shift +1; y_b[t] = z_b[t+1] -> dz_b[t] = dy[t-1], shift -1)."""
-    dtv, a, cs, last, tail = _chunk_decay(dt_ptr, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+    dtv, a, cs, last, tail = _decay_of_raw(raw_dt, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
     Bv = tl.load(B_ptr + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
     Cv = tl.load(C_ptr + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
     r = rows + DZ_SHIFT
@@ -627,9 +650,22 @@ def _bi_ssd_bwd_kernel(
     else:
         Sb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     dD_acc = tl.zeros((BLOCK_P,), dtype=COMPUTE)
+    # each chunk's dt, which every other input of the chunk waits on (through the decays), is loaded one chunk ahead
+    # (its load was the second largest source of stalls on an H200)
+    OWN_B: tl.constexpr = DO_B and not (SHARE and DO_F)  # the anti-causal direction loads its own dt, B, C
+    if DO_F:
+        rawf_next = _raw_dt(dt_ptr + dto, (c1 - 1) * BLOCK_Q + offs_q, L, H, COMPUTE)
+    if OWN_B:
+        rawb_next = _raw_dt(dtb_ptr + dto, (c1 - 1) * BLOCK_Q + offs_q, L, H, COMPUTE)
     for ci in range(0, c1 - c0):
         c = c1 - 1 - ci
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
+        if DO_F:
+            rawf = rawf_next
+            rawf_next = _raw_dt(dt_ptr + dto, rows - BLOCK_Q, L, H, COMPUTE)
+        if OWN_B:
+            rawb = rawb_next
+            rawb_next = _raw_dt(dtb_ptr + dto, rows - BLOCK_Q, L, H, COMPUTE)
         xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
         g_off = go + rows[:, None] * gstride + offs_n[None, :]
         if ACC and DO_F:  # the other direction's launch wrote dx (with D dy) already
@@ -639,8 +675,8 @@ def _bi_ssd_bwd_kernel(
         dCv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
         if DO_F:
             dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk(
-                dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p,
-                m_bn, bn_off, L, H, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q)
+                rawf, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p,
+                m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q)
             # pairs with t in later chunks: through the gradient dS of the state leaving this chunk
             ef_end = tl.exp(tailf - af)
             uf_in = ef_end[:, None] * _dot(Bf, dS, DOT_RD)
@@ -652,12 +688,12 @@ def _bi_ssd_bwd_kernel(
             tl.store(scr_ptr + so + rows, -dtf * xin, mask=mrow)
             tl.store(scr_ptr + so + L + rows, xin, mask=mrow)
         if DO_B:
-            if SHARE and DO_F:  # the causal direction's dt, decays, B, C and dz above are this direction's too
-                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
-            else:
+            if OWN_B:
                 dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_chunk(
-                    dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p,
-                    mask_p, m_bn, bn_off, L, H, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q)
+                    rawb, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p,
+                    mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q)
+            else:  # the causal direction's dt, decays, B, C and dz above are this direction's too (SHARE)
+                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
             # pairs with s in later chunks (the state): dC_t = e_t dz_t Sb^T, and their output terms
             # Yb_t = dz_t . (e_t C_t Sb) = C_t . dC_t from the same product (at the state read-outs' precision, DOT_RD)
             dCb = tl.exp(tailb)[:, None] * _dot(dzb, tl.trans(Sb), DOT_RD)
@@ -667,8 +703,7 @@ def _bi_ssd_bwd_kernel(
                 tl.store(dCb_ptr + g_off, dCb.to(dCb_ptr.dtype.element_ty), mask=m_bn)
             else:
                 dCv += dCb
-            tl.store(scr_ptr + so + 2 * L + rows, Yb, mask=mrow)
-            tl.store(scr_ptr + so + 3 * L + rows, -Yb, mask=mrow)
+            tl.store(scr_ptr + so + 2 * L + rows, Yb, mask=mrow)  # (slot 3, its negative, is written in pass B)
         if not ACC:  # D dy and dD (from the first launch only); without the shift, dy is a direction's dz loaded above
             if DO_F and not SHIFT:
                 dyv = dzf
@@ -697,28 +732,49 @@ def _bi_ssd_bwd_kernel(
         dSb = tl.load(st_ptr + st_off + KSTRIDE, mask=m_st, other=0.0)
     else:
         dSb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
+    if DO_F:
+        rawf_next = _raw_dt(dt_ptr + dto, c0 * BLOCK_Q + offs_q, L, H, COMPUTE)
+    if OWN_B:
+        rawb_next = _raw_dt(dtb_ptr + dto, c0 * BLOCK_Q + offs_q, L, H, COMPUTE)
     for c in range(c0, c1):
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
+        if DO_F:
+            rawf = rawf_next
+            rawf_next = _raw_dt(dt_ptr + dto, rows + BLOCK_Q, L, H, COMPUTE)
+        if OWN_B:
+            rawb = rawb_next
+            rawb_next = _raw_dt(dtb_ptr + dto, rows + BLOCK_Q, L, H, COMPUTE)
         xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
         g_off = go + rows[:, None] * gstride + offs_n[None, :]
+        # the rows this pass adds to (written by pass A or by an earlier launch) are loaded before the chunk's dots,
+        # which hide the loads' latency (loaded where they are added, they were a fifth of the kernel's stalls on an
+        # H200); a scratch slot 3 row is always minus the slot 2 row, so only slot 2 is read
+        if DO_F:
+            dC_old = tl.load(dC_ptr + g_off, mask=m_bn, other=0.0)
+            s0_old = tl.load(scr_ptr + so + rows, mask=mrow, other=0.0)
+        if DO_B:
+            dx_old = tl.load(dx_ptr + xo + xy_off, mask=m_xp, other=0.0)
+            if (not SEPARATE) and (DO_F or ACC):
+                dB_old = tl.load(dB_ptr + g_off, mask=m_bn, other=0.0)
+            s2_old = tl.load(scr_ptr + so + 2 * L + rows, mask=mrow, other=0.0)
         if DO_F:
             dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk(
-                dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p,
-                m_bn, bn_off, L, H, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q)
+                rawf, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p,
+                m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q)
             # pairs with s in earlier chunks: dC_t = e_t dz_t S^T, and their output terms Yf_t = dz_t . (e_t C_t S)
             # = C_t . dC_t from the same product (DOT_RD, as for Yb)
             dC_inter = tl.exp(csf)[:, None] * _dot(dzf, tl.trans(S), DOT_RD)
             Yf = tl.sum(Cf * dC_inter, 1)
-            _add_rows(dC_ptr + g_off, dC_inter, m_bn)
+            _store_sum(dC_ptr + g_off, dC_old, dC_inter, m_bn)
             S = tl.exp(lastf) * S + _dot(tl.trans(Bf * (tl.exp(tailf - af) * dtf)[:, None]), xv, DOT_ST)
-            _add_rows(scr_ptr + so + rows, Yf, mrow)
+            _store_sum(scr_ptr + so + rows, s0_old, Yf, mrow)
         if DO_B:
-            if SHARE and DO_F:  # as in pass A
-                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
-            else:
+            if OWN_B:
                 dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_chunk(
-                    dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p,
-                    mask_p, m_bn, bn_off, L, H, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q)
+                    rawb, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p,
+                    mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q)
+            else:  # as in pass A
+                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
             # pairs with t in earlier chunks: through the gradient dSb of the anti-causal state of earlier rows
             ebx = tl.exp(csb - ab)
             ub_in = ebx[:, None] * _dot(Bbv, dSb, DOT_RD)
@@ -726,16 +782,18 @@ def _bi_ssd_bwd_kernel(
             xub_in = tl.sum(ub_in * xv, 1)
             Xb = dtb * xub_in
             dSb = tl.exp(lastb) * dSb + _dot(tl.trans(Cbv * tl.exp(tailb)[:, None]), dzb, DOT_ST)
-            _add_rows(dx_ptr + xo + xy_off, dtb[:, None] * ub_in, m_xp)
+            _store_sum(dx_ptr + xo + xy_off, dx_old, dtb[:, None] * ub_in, m_xp)
             if SEPARATE:
                 tl.store(dBb_ptr + g_off, dBb.to(dBb_ptr.dtype.element_ty), mask=m_bn)
             elif DO_F or ACC:  # add to this chunk's dB of pass A or of the other direction's launch
-                _add_rows(dB_ptr + g_off, dBb, m_bn)
+                _store_sum(dB_ptr + g_off, dB_old, dBb, m_bn)
             else:
                 tl.store(dB_ptr + g_off, dBb.to(dB_ptr.dtype.element_ty), mask=m_bn)
-            # one read-add-write per scratch slot and chunk (rows written in pass A)
-            _add_rows(scr_ptr + so + 2 * L + rows, -Xb, mrow)
-            _add_rows(scr_ptr + so + 3 * L + rows, Xb, mrow)
+            # slot 2 += -Xb (rows written in pass A), and slot 3 = -(slot 2): pass A wrote Yb and -Yb, so this is
+            # -Yb + Xb, bitwise
+            s2 = s2_old - Xb
+            tl.store(scr_ptr + so + 2 * L + rows, s2, mask=mrow)
+            tl.store(scr_ptr + so + 3 * L + rows, -s2, mask=mrow)
             tl.store(scr_ptr + so + 4 * L + rows, xub_in, mask=mrow)
 
     # per-(batch * head, segment) partial of dD (from the first launch only)
@@ -826,16 +884,16 @@ def _bi_ssd_bwd_pairs_kernel(
     dCv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
     if DO_F:
         dtf, af, csf, _lf, _tf, Bf, Cf, dzf = _dir_chunk(
-            dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn,
-            bn_off, L, H, xstride, dt_lo, dt_hi, 1 if SHIFT else 0, SOFTPLUS, COMPUTE, BLOCK_Q)
+            _raw_dt(dt_ptr + dto, rows, L, H, COMPUTE), B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow,
+            offs_q, offs_p, mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, 1 if SHIFT else 0, SOFTPLUS, COMPUTE, BLOCK_Q)
         dxv, dBv, dCv, ddt_f, da_f = _chunk_pairs(xv, dtf, af, csf, Bf, Cf, dzf, tt, ss, 2 if SHARE else 0,
                                                   DOT_MID, DOT_IN, DOT_LO)
         _add_rows(scr_ptr + so + L + rows, ddt_f, mrow)
         tl.store(scr_ptr + so + 5 * L + rows, da_f, mask=mrow)
     if DO_B and not SHARE:  # (with SHARE the causal direction's tile held both)
         dtb, ab, csb, _lb, _tb, Bbv, Cbv, dzb = _dir_chunk(
-            dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p,
-            m_bn, bn_off, L, H, xstride, dt_lo, dt_hi, -1 if SHIFT else 0, SOFTPLUS, COMPUTE, BLOCK_Q)
+            _raw_dt(dtb_ptr + dto, rows, L, H, COMPUTE), Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows,
+            mrow, offs_q, offs_p, mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, -1 if SHIFT else 0, SOFTPLUS, COMPUTE, BLOCK_Q)
         dxb, dBb, dCb, ddt_b, da_b = _chunk_pairs(xv, dtb, ab, csb, Bbv, Cbv, dzb, tt, ss, 1, DOT_MID, DOT_IN, DOT_LO)
         dxv += dxb
         _add_rows(scr_ptr + so + 4 * L + rows, ddt_b, mrow)
