@@ -719,9 +719,12 @@ def test_default_backward_config_rule(monkeypatch):
     assert rule("fwd", dict(P=16, N=16)) == rule("fwd", dict(P=32, N=32)) == triton_op.DEFAULT_FWD_SMALL
     assert rule("fwd", dict(P=64, N=32)) == triton_op.DEFAULT_CONFIGS["fwd"]
     assert FWD_CONFIGS[triton_op.DEFAULT_FWD_SMALL].kwargs == dict(BLOCK_Q=64, BLOCK_P=32)
-    # the pairs kernels: 2 warps in chunks of 32 rows, 4 in chunks of 64 (2 would spill there)
+    # the pairs kernels: 2 warps in chunks of 32 rows; in chunks of 64, 4 at headdim or d_state 64 and 2 at 32 (as
+    # measured on an H200)
     assert PAIRS_CONFIGS[rule("pairs", dict(P=32, N=32, BLOCK_Q=32))].num_warps == 2
     assert PAIRS_CONFIGS[rule("pairs", dict(P=64, N=64, BLOCK_Q=64))].num_warps == 4
+    assert PAIRS_CONFIGS[rule("pairs", dict(P=64, N=32, BLOCK_Q=64))].num_warps == 4
+    assert PAIRS_CONFIGS[rule("pairs", dict(P=32, N=32, BLOCK_Q=64))].num_warps == 2
     launched = []
     orig = triton_op._run_config
 

@@ -25,7 +25,10 @@ Backward, four kernels:
     A (reverse walk): causal state gradient dS_f, anti-causal state S_b -> their dx, dB_f, dC_b terms;
     B (forward walk): causal state S_f, anti-causal state gradient dS_b -> their dC_f, dx, dB_b terms;
     and their per-position log-decay gradient terms into a small fp32 scratch (b*h, 6, L) in which each direction
-    owns its slots (terms that pass C telescopes over the sequence). "both" runs as two launches of this kernel,
+    owns its slots (terms that pass C telescopes over the sequence). Global-load latency was most of its stalls on an
+    H200, so each pass loads a chunk's inputs one chunk ahead of their use (all of them up to headdim x d_state =
+    32 x 32, AHEAD_MAX_TILE; only dt above, where the tiles held ahead would spill), and pass B loads the rows it
+    adds to at the start of the chunk, before its dots. "both" runs as two launches of this kernel,
     one per direction (DO_F / DO_B), the second adding to the first's dx (and dB, dC when the directions share
     them, ACC=True), or as one (triton_op._split_directions); the sum stays ordered, so results are bitwise
     reproducible. dD comes from per-(batch, head, segment) partials of the first launch.
@@ -101,7 +104,7 @@ BWD_CONFIGS = [
 # the backward's in-chunk pairs (one chunk per program): warps only, BLOCK_Q is the segment kernel's (the same chunks).
 # In chunks of 32 rows 2 warps were the fastest on an H200 at every profiled shape (b32 L1600 h8 p32 n32: 0.188 ms,
 # 4 warps 0.310, 8 warps 0.826; b16 L1600 h8 p64 n64: 0.159 / 0.176 / 0.238: benchmarks/results/session10); in chunks
-# of 64 they spill (triton_op.DEFAULT_PAIRS_Q64)
+# of 64 see triton_op.DEFAULT_PAIRS_Q64
 PAIRS_CONFIGS = [triton.Config({}, num_warps=nw) for nw in (2, 4, 8)]
 
 
@@ -217,9 +220,10 @@ def _process_dt(raw, bias, dt_lo, dt_hi, SOFTPLUS: tl.constexpr):
 
 
 @triton.jit
-def _raw_dt(dt_ptr, rows, L, H, COMPUTE: tl.constexpr):
-    """dt as stored, of the rows in [0, L) (0 elsewhere)."""
-    return tl.load(dt_ptr + rows * H, mask=(rows >= 0) & (rows < L), other=0.0).to(COMPUTE)
+def _x_rows(x_ptr, rows, offs_p, mask_p, L, xstride):
+    """x (or any (row, headdim) input) as stored, of the rows in [0, L) (0 elsewhere)."""
+    m = ((rows >= 0) & (rows < L))[:, None] & mask_p[None, :]
+    return tl.load(x_ptr + rows[:, None] * xstride + offs_p[None, :], mask=m, other=0.0)
 
 
 @triton.jit
@@ -280,6 +284,9 @@ def _last(v, offs_q, BLOCK_Q: tl.constexpr):
 # errors in the decays of nearby small steps, and pass C multiplies by A the rounding noise of the telescoped
 # log-decay gradient at such a step (whose true value is 0 in fp32).
 LOG_DECAY_FLOOR = tl.constexpr(_LOG_DECAY_FLOOR)
+# the backward's segment kernel loads every input of a chunk one chunk ahead up to this headdim x d_state, only dt
+# above (see _bi_ssd_bwd_kernel)
+AHEAD_MAX_TILE = tl.constexpr(32 * 32)
 
 
 @triton.jit
@@ -574,20 +581,54 @@ def _add_rows(ptrs, v, mask):
 
 
 @triton.jit
-def _dir_chunk(raw_dt, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn, bn_off, L,
-               xstride, dt_lo, dt_hi, DZ_SHIFT: tl.constexpr, SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr,
+def _chunk_tiles(B_ptr, C_ptr, dy_ptr, rows, offs_p, mask_p, offs_n, mask_n, L, xstride, bstride,
+                 DZ_SHIFT: tl.constexpr):
+    """One direction's tiles of the chunk of rows as stored (0 outside [0, L)): B, C and the gradient dz of the
+    direction's unshifted output z, which is dy at rows + DZ_SHIFT (Hydra's shift: y_f[t] = z_f[t-1] -> dz_f[t] =
+    dy[t+1], shift +1; y_b[t] = z_b[t+1] -> dz_b[t] = dy[t-1], shift -1)."""
+    ok = (rows >= 0) & (rows < L)
+    m_bn = ok[:, None] & mask_n[None, :]
+    bn_off = rows[:, None] * bstride + offs_n[None, :]
+    r = rows + DZ_SHIFT
+    m_z = (ok & (r >= 0) & (r < L))[:, None] & mask_p[None, :]
+    return (tl.load(B_ptr + bn_off, mask=m_bn, other=0.0), tl.load(C_ptr + bn_off, mask=m_bn, other=0.0),
+            tl.load(dy_ptr + r[:, None] * xstride + offs_p[None, :], mask=m_z, other=0.0))
+
+
+@triton.jit
+def _dt_rows(dt_ptr, rows, L, H):
+    return tl.load(dt_ptr + rows * H, mask=(rows >= 0) & (rows < L), other=0.0)
+
+
+@triton.jit
+def _chunk_in(dt_ptr, B_ptr, C_ptr, dy_ptr, rows, offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride,
+              DZ_SHIFT: tl.constexpr):
+    """One direction's inputs of the chunk of rows as stored: dt and _chunk_tiles."""
+    Bv, Cv, dz = _chunk_tiles(B_ptr, C_ptr, dy_ptr, rows, offs_p, mask_p, offs_n, mask_n, L, xstride, bstride, DZ_SHIFT)
+    return _dt_rows(dt_ptr, rows, L, H), Bv, Cv, dz
+
+
+@triton.jit
+def _dir_chunk(raw_dt, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn, bn_off, L, xstride,
+               dt_lo, dt_hi, DZ_SHIFT: tl.constexpr, SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr,
                BLOCK_Q: tl.constexpr):
-    """One direction's inputs of a chunk in the backward (raw_dt: its dt as stored, _raw_dt, loaded ahead by the
-    segment kernel): processed dt, log-decays, their cumsums (_chunk_decay), B,
-    C and the gradient dz of the direction's unshifted output z, loaded at rows + DZ_SHIFT (Hydra's shift:
-    y_f[t] = z_f[t-1] -> dz_f[t] = dy[t+1], shift +1; y_b[t] = z_b[t+1] -> dz_b[t] = dy[t-1], shift -1)."""
-    dtv, a, cs, last, tail = _decay_of_raw(raw_dt, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
+    """One direction's chunk in the backward, from its dt as stored (raw_dt): processed dt, log-decays, their cumsums
+    (_decay_of_raw), and B, C and dz (as _chunk_tiles) loaded here, in the compute dtype."""
+    dtv, a, cs, last, tail = _decay_of_raw(raw_dt.to(COMPUTE), bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
     Bv = tl.load(B_ptr + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
     Cv = tl.load(C_ptr + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
     r = rows + DZ_SHIFT
     m_z = (mrow & (r >= 0) & (r < L))[:, None] & mask_p[None, :]
     dz = tl.load(dy_ptr + r[:, None] * xstride + offs_p[None, :], mask=m_z, other=0.0).to(COMPUTE)
     return dtv, a, cs, last, tail, Bv, Cv, dz
+
+
+@triton.jit
+def _dir_chunk_loaded(raw_dt, raw_B, raw_C, raw_dz, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS: tl.constexpr,
+                      COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """The same from all its inputs as loaded ahead (_chunk_in)."""
+    dtv, a, cs, last, tail = _decay_of_raw(raw_dt.to(COMPUTE), bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
+    return dtv, a, cs, last, tail, raw_B.to(COMPUTE), raw_C.to(COMPUTE), raw_dz.to(COMPUTE)
 
 
 @triton.jit
@@ -650,23 +691,35 @@ def _bi_ssd_bwd_kernel(
     else:
         Sb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     dD_acc = tl.zeros((BLOCK_P,), dtype=COMPUTE)
-    # each chunk's dt, which every other input of the chunk waits on (through the decays), is loaded one chunk ahead
-    # (its load was the second largest source of stalls on an H200)
-    OWN_B: tl.constexpr = DO_B and not (SHARE and DO_F)  # the anti-causal direction loads its own dt, B, C
-    if DO_F:
-        rawf_next = _raw_dt(dt_ptr + dto, (c1 - 1) * BLOCK_Q + offs_q, L, H, COMPUTE)
-    if OWN_B:
-        rawb_next = _raw_dt(dtb_ptr + dto, (c1 - 1) * BLOCK_Q + offs_q, L, H, COMPUTE)
+    # every input of a chunk is loaded one chunk ahead of its use, in both passes (where they were used, their loads
+    # were a third of the kernel's stalls on an H200: dt first, which every other input waits on through the decays)
+    OWN_B: tl.constexpr = DO_B and not (SHARE and DO_F)  # the anti-causal direction loads its own dt, B, C, dz
+    # ... but at headdim or d_state 64 the tiles held a chunk ahead cost spills on sm_90 (600 bytes of stack per
+    # thread instead of 280 at 64 x 64): there only dt is loaded ahead
+    AHEAD: tl.constexpr = BLOCK_P * BLOCK_N <= AHEAD_MAX_TILE
+    rows_n = (c1 - 1) * BLOCK_Q + offs_q
+    if AHEAD:
+        x_n = _x_rows(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride)
+        if DO_F:
+            f_dt, f_B, f_C, f_dz = _chunk_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p,
+                                             mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_F)
+        if OWN_B:
+            b_dt, b_B, b_C, b_dz = _chunk_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n, offs_p,
+                                             mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_B)
+    else:
+        if DO_F:
+            f_dt = _dt_rows(dt_ptr + dto, rows_n, L, H)
+        if OWN_B:
+            b_dt = _dt_rows(dtb_ptr + dto, rows_n, L, H)
     for ci in range(0, c1 - c0):
         c = c1 - 1 - ci
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
-        if DO_F:
-            rawf = rawf_next
-            rawf_next = _raw_dt(dt_ptr + dto, rows - BLOCK_Q, L, H, COMPUTE)
-        if OWN_B:
-            rawb = rawb_next
-            rawb_next = _raw_dt(dtb_ptr + dto, rows - BLOCK_Q, L, H, COMPUTE)
-        xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+        rows_n = rows - BLOCK_Q
+        if AHEAD:
+            xv = x_n.to(COMPUTE)
+            x_n = _x_rows(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride)
+        else:
+            xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
         g_off = go + rows[:, None] * gstride + offs_n[None, :]
         if ACC and DO_F:  # the other direction's launch wrote dx (with D dy) already
             dxv = tl.load(dx_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
@@ -674,9 +727,16 @@ def _bi_ssd_bwd_kernel(
             dxv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)
         dCv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
         if DO_F:
-            dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk(
-                rawf, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p,
-                m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q)
+            if AHEAD:
+                dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk_loaded(
+                    f_dt, f_B, f_C, f_dz, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+                f_dt, f_B, f_C, f_dz = _chunk_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p,
+                                                 mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_F)
+            else:
+                dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk(
+                    f_dt, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn,
+                    bn_off, L, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q)
+                f_dt = _dt_rows(dt_ptr + dto, rows_n, L, H)
             # pairs with t in later chunks: through the gradient dS of the state leaving this chunk
             ef_end = tl.exp(tailf - af)
             uf_in = ef_end[:, None] * _dot(Bf, dS, DOT_RD)
@@ -689,9 +749,16 @@ def _bi_ssd_bwd_kernel(
             tl.store(scr_ptr + so + L + rows, xin, mask=mrow)
         if DO_B:
             if OWN_B:
-                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_chunk(
-                    rawb, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p,
-                    mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q)
+                if AHEAD:
+                    dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_chunk_loaded(
+                        b_dt, b_B, b_C, b_dz, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+                    b_dt, b_B, b_C, b_dz = _chunk_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n,
+                                                     offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_B)
+                else:
+                    dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_chunk(
+                        b_dt, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p,
+                        m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q)
+                    b_dt = _dt_rows(dtb_ptr + dto, rows_n, L, H)
             else:  # the causal direction's dt, decays, B, C and dz above are this direction's too (SHARE)
                 dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
             # pairs with s in later chunks (the state): dC_t = e_t dz_t Sb^T, and their output terms
@@ -732,19 +799,28 @@ def _bi_ssd_bwd_kernel(
         dSb = tl.load(st_ptr + st_off + KSTRIDE, mask=m_st, other=0.0)
     else:
         dSb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
-    if DO_F:
-        rawf_next = _raw_dt(dt_ptr + dto, c0 * BLOCK_Q + offs_q, L, H, COMPUTE)
-    if OWN_B:
-        rawb_next = _raw_dt(dtb_ptr + dto, c0 * BLOCK_Q + offs_q, L, H, COMPUTE)
+    rows_n = c0 * BLOCK_Q + offs_q
+    if AHEAD:
+        x_n = _x_rows(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride)
+        if DO_F:
+            f_dt, f_B, f_C, f_dz = _chunk_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p,
+                                             mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_F)
+        if OWN_B:
+            b_dt, b_B, b_C, b_dz = _chunk_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n, offs_p,
+                                             mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_B)
+    else:
+        if DO_F:
+            f_dt = _dt_rows(dt_ptr + dto, rows_n, L, H)
+        if OWN_B:
+            b_dt = _dt_rows(dtb_ptr + dto, rows_n, L, H)
     for c in range(c0, c1):
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
-        if DO_F:
-            rawf = rawf_next
-            rawf_next = _raw_dt(dt_ptr + dto, rows + BLOCK_Q, L, H, COMPUTE)
-        if OWN_B:
-            rawb = rawb_next
-            rawb_next = _raw_dt(dtb_ptr + dto, rows + BLOCK_Q, L, H, COMPUTE)
-        xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+        rows_n = rows + BLOCK_Q
+        if AHEAD:
+            xv = x_n.to(COMPUTE)
+            x_n = _x_rows(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride)
+        else:
+            xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
         g_off = go + rows[:, None] * gstride + offs_n[None, :]
         # the rows this pass adds to (written by pass A or by an earlier launch) are loaded before the chunk's dots,
         # which hide the loads' latency (loaded where they are added, they were a fifth of the kernel's stalls on an
@@ -758,9 +834,16 @@ def _bi_ssd_bwd_kernel(
                 dB_old = tl.load(dB_ptr + g_off, mask=m_bn, other=0.0)
             s2_old = tl.load(scr_ptr + so + 2 * L + rows, mask=mrow, other=0.0)
         if DO_F:
-            dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk(
-                rawf, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p,
-                m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q)
+            if AHEAD:
+                dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk_loaded(
+                    f_dt, f_B, f_C, f_dz, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+                f_dt, f_B, f_C, f_dz = _chunk_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p,
+                                                 mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_F)
+            else:
+                dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk(
+                    f_dt, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn,
+                    bn_off, L, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q)
+                f_dt = _dt_rows(dt_ptr + dto, rows_n, L, H)
             # pairs with s in earlier chunks: dC_t = e_t dz_t S^T, and their output terms Yf_t = dz_t . (e_t C_t S)
             # = C_t . dC_t from the same product (DOT_RD, as for Yb)
             dC_inter = tl.exp(csf)[:, None] * _dot(dzf, tl.trans(S), DOT_RD)
@@ -770,9 +853,16 @@ def _bi_ssd_bwd_kernel(
             _store_sum(scr_ptr + so + rows, s0_old, Yf, mrow)
         if DO_B:
             if OWN_B:
-                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_chunk(
-                    rawb, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p,
-                    mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q)
+                if AHEAD:
+                    dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_chunk_loaded(
+                        b_dt, b_B, b_C, b_dz, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+                    b_dt, b_B, b_C, b_dz = _chunk_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n,
+                                                     offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_B)
+                else:
+                    dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_chunk(
+                        b_dt, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p,
+                        m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q)
+                    b_dt = _dt_rows(dtb_ptr + dto, rows_n, L, H)
             else:  # as in pass A
                 dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
             # pairs with t in earlier chunks: through the gradient dSb of the anti-causal state of earlier rows
@@ -884,16 +974,17 @@ def _bi_ssd_bwd_pairs_kernel(
     dCv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
     if DO_F:
         dtf, af, csf, _lf, _tf, Bf, Cf, dzf = _dir_chunk(
-            _raw_dt(dt_ptr + dto, rows, L, H, COMPUTE), B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow,
-            offs_q, offs_p, mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, 1 if SHIFT else 0, SOFTPLUS, COMPUTE, BLOCK_Q)
+            _dt_rows(dt_ptr + dto, rows, L, H), B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q,
+            offs_p, mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, 1 if SHIFT else 0, SOFTPLUS, COMPUTE, BLOCK_Q)
         dxv, dBv, dCv, ddt_f, da_f = _chunk_pairs(xv, dtf, af, csf, Bf, Cf, dzf, tt, ss, 2 if SHARE else 0,
                                                   DOT_MID, DOT_IN, DOT_LO)
         _add_rows(scr_ptr + so + L + rows, ddt_f, mrow)
         tl.store(scr_ptr + so + 5 * L + rows, da_f, mask=mrow)
     if DO_B and not SHARE:  # (with SHARE the causal direction's tile held both)
         dtb, ab, csb, _lb, _tb, Bbv, Cbv, dzb = _dir_chunk(
-            _raw_dt(dtb_ptr + dto, rows, L, H, COMPUTE), Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows,
-            mrow, offs_q, offs_p, mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, -1 if SHIFT else 0, SOFTPLUS, COMPUTE, BLOCK_Q)
+            _dt_rows(dtb_ptr + dto, rows, L, H), Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow,
+            offs_q, offs_p, mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, -1 if SHIFT else 0, SOFTPLUS, COMPUTE,
+            BLOCK_Q)
         dxb, dBb, dCb, ddt_b, da_b = _chunk_pairs(xv, dtb, ab, csb, Bbv, Cbv, dzb, tt, ss, 1, DOT_MID, DOT_IN, DOT_LO)
         dxv += dxb
         _add_rows(scr_ptr + so + 4 * L + rows, ddt_b, mrow)

@@ -54,11 +54,12 @@ DEFAULT_BWD_SMALL = 3
 # kernel on an H200 (b32 L1600 h8 p32 n32: 1.153 vs 1.182 ms per fwd+bwd; b32 L400 h16: 0.578 vs 0.595;
 # benchmarks/results/session10/ab5-B-fwd-cfgs.json)
 DEFAULT_FWD_SMALL = 1
-# the in-chunk pairs kernels in chunks of 64 rows: 4 warps (PAIRS_CONFIGS[1]). With 2 warps they need 255 registers
-# and spill at headdim = d_state = 32 on sm_90 (backward: 896 bytes of stack per thread; forward at BLOCK_P 64: 72
-# bytes), with 4 warps they do not (benchmarks/results/session10/regs-p32n32-sm90-*.json; chosen from that compile
-# report, not timed: with autotuning on, the tuner picks per BLOCK_Q)
+# the in-chunk pairs kernels in chunks of 64 rows: 4 warps (PAIRS_CONFIGS[1]) at headdim or d_state 64 (b16 L1600 h8 p64
+# n64 on an H200: backward pairs 0.226 ms, 2 warps 0.301, 8 warps 0.355), 2 warps at 32 (b32 L1600 h8 p32 n32: 0.252
+# ms, 4 warps 0.345, 8 warps 0.606; benchmarks/results/session11/pairs-q64-B.json), although there they need 255
+# registers and spill on sm_90 (896 bytes of stack per thread) and 4 warps do not
 DEFAULT_PAIRS_Q64 = 1
+DEFAULT_PAIRS_Q64_SMALL = 0
 
 
 def default_config(which, kwargs) -> int:
@@ -66,7 +67,7 @@ def default_config(which, kwargs) -> int:
     if which in ("bwd", "fwd") and max(kwargs["P"], kwargs["N"]) <= 32:
         return DEFAULT_BWD_SMALL if which == "bwd" else DEFAULT_FWD_SMALL
     if which == "pairs" and kwargs["BLOCK_Q"] >= 64:
-        return DEFAULT_PAIRS_Q64
+        return DEFAULT_PAIRS_Q64_SMALL if max(kwargs["P"], kwargs["N"]) <= 32 else DEFAULT_PAIRS_Q64
     return DEFAULT_CONFIGS[which]
 
 
