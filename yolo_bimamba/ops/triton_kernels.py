@@ -632,6 +632,47 @@ def _dir_chunk_loaded(raw_dt, raw_B, raw_C, raw_dz, bias, A_h, mrow, offs_q, dt_
 
 
 @triton.jit
+def _ahead_in(dt_ptr, B_ptr, C_ptr, dy_ptr, rows, offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride,
+              DZ_SHIFT: tl.constexpr, AHEAD: tl.constexpr):
+    """What the segment kernel loads of a direction's next chunk (rows) ahead of its use: all its inputs with AHEAD
+    (_chunk_in), else its dt only (zeros stand in for the tiles, which _dir_in then loads at their use)."""
+    if AHEAD:
+        return _chunk_in(dt_ptr, B_ptr, C_ptr, dy_ptr, rows, offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride,
+                         DZ_SHIFT)
+    else:
+        return _dt_rows(dt_ptr, rows, L, H), 0.0, 0.0, 0.0
+
+
+@triton.jit
+def _dir_in(i_dt, i_B, i_C, i_dz, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn, bn_off, L,
+            xstride, dt_lo, dt_hi, DZ_SHIFT: tl.constexpr, SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr,
+            BLOCK_Q: tl.constexpr, AHEAD: tl.constexpr):
+    """A direction's chunk in the segment kernel from what _ahead_in loaded (_dir_chunk_loaded), or from its dt and
+    tiles loaded here (_dir_chunk)."""
+    if AHEAD:
+        return _dir_chunk_loaded(i_dt, i_B, i_C, i_dz, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+    else:
+        return _dir_chunk(i_dt, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn, bn_off, L,
+                          xstride, dt_lo, dt_hi, DZ_SHIFT, SOFTPLUS, COMPUTE, BLOCK_Q)
+
+
+@triton.jit
+def _x_ahead(x_ptr, rows, offs_p, mask_p, L, xstride, AHEAD: tl.constexpr):
+    if AHEAD:
+        return _x_rows(x_ptr, rows, offs_p, mask_p, L, xstride)
+    else:
+        return 0.0
+
+
+@triton.jit
+def _x_in(x_n, x_ptr, xy_off, m_xp, COMPUTE: tl.constexpr, AHEAD: tl.constexpr):
+    if AHEAD:
+        return x_n.to(COMPUTE)
+    else:
+        return tl.load(x_ptr + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+
+
+@triton.jit
 def _bi_ssd_bwd_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, dy_ptr,
     dx_ptr, dB_ptr, dC_ptr, ddt_ptr, dBb_ptr, dCb_ptr, ddtb_ptr, scr_ptr, part_ptr, st_ptr,
@@ -698,28 +739,19 @@ def _bi_ssd_bwd_kernel(
     # thread instead of 280 at 64 x 64): there only dt is loaded ahead
     AHEAD: tl.constexpr = BLOCK_P * BLOCK_N <= AHEAD_MAX_TILE
     rows_n = (c1 - 1) * BLOCK_Q + offs_q
-    if AHEAD:
-        x_n = _x_rows(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride)
-        if DO_F:
-            f_dt, f_B, f_C, f_dz = _chunk_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p,
-                                             mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_F)
-        if OWN_B:
-            b_dt, b_B, b_C, b_dz = _chunk_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n, offs_p,
-                                             mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_B)
-    else:
-        if DO_F:
-            f_dt = _dt_rows(dt_ptr + dto, rows_n, L, H)
-        if OWN_B:
-            b_dt = _dt_rows(dtb_ptr + dto, rows_n, L, H)
+    x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, AHEAD)
+    if DO_F:
+        f_dt, f_B, f_C, f_dz = _ahead_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p, mask_p,
+                                         offs_n, mask_n, L, H, xstride, bstride, SH_F, AHEAD)
+    if OWN_B:
+        b_dt, b_B, b_C, b_dz = _ahead_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n, offs_p, mask_p,
+                                         offs_n, mask_n, L, H, xstride, bstride, SH_B, AHEAD)
     for ci in range(0, c1 - c0):
         c = c1 - 1 - ci
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
         rows_n = rows - BLOCK_Q
-        if AHEAD:
-            xv = x_n.to(COMPUTE)
-            x_n = _x_rows(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride)
-        else:
-            xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+        xv = _x_in(x_n, x_ptr + xo, xy_off, m_xp, COMPUTE, AHEAD)
+        x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, AHEAD)
         g_off = go + rows[:, None] * gstride + offs_n[None, :]
         if ACC and DO_F:  # the other direction's launch wrote dx (with D dy) already
             dxv = tl.load(dx_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
@@ -727,16 +759,11 @@ def _bi_ssd_bwd_kernel(
             dxv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)
         dCv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
         if DO_F:
-            if AHEAD:
-                dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk_loaded(
-                    f_dt, f_B, f_C, f_dz, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
-                f_dt, f_B, f_C, f_dz = _chunk_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p,
-                                                 mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_F)
-            else:
-                dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk(
-                    f_dt, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn,
-                    bn_off, L, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q)
-                f_dt = _dt_rows(dt_ptr + dto, rows_n, L, H)
+            dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_in(
+                f_dt, f_B, f_C, f_dz, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p,
+                mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q, AHEAD)
+            f_dt, f_B, f_C, f_dz = _ahead_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p,
+                                             mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_F, AHEAD)
             # pairs with t in later chunks: through the gradient dS of the state leaving this chunk
             ef_end = tl.exp(tailf - af)
             uf_in = ef_end[:, None] * _dot(Bf, dS, DOT_RD)
@@ -749,16 +776,11 @@ def _bi_ssd_bwd_kernel(
             tl.store(scr_ptr + so + L + rows, xin, mask=mrow)
         if DO_B:
             if OWN_B:
-                if AHEAD:
-                    dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_chunk_loaded(
-                        b_dt, b_B, b_C, b_dz, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
-                    b_dt, b_B, b_C, b_dz = _chunk_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n,
-                                                     offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_B)
-                else:
-                    dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_chunk(
-                        b_dt, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p,
-                        m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q)
-                    b_dt = _dt_rows(dtb_ptr + dto, rows_n, L, H)
+                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_in(
+                    b_dt, b_B, b_C, b_dz, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q,
+                    offs_p, mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q, AHEAD)
+                b_dt, b_B, b_C, b_dz = _ahead_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n,
+                                                 offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_B, AHEAD)
             else:  # the causal direction's dt, decays, B, C and dz above are this direction's too (SHARE)
                 dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
             # pairs with s in later chunks (the state): dC_t = e_t dz_t Sb^T, and their output terms
@@ -800,27 +822,18 @@ def _bi_ssd_bwd_kernel(
     else:
         dSb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     rows_n = c0 * BLOCK_Q + offs_q
-    if AHEAD:
-        x_n = _x_rows(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride)
-        if DO_F:
-            f_dt, f_B, f_C, f_dz = _chunk_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p,
-                                             mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_F)
-        if OWN_B:
-            b_dt, b_B, b_C, b_dz = _chunk_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n, offs_p,
-                                             mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_B)
-    else:
-        if DO_F:
-            f_dt = _dt_rows(dt_ptr + dto, rows_n, L, H)
-        if OWN_B:
-            b_dt = _dt_rows(dtb_ptr + dto, rows_n, L, H)
+    x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, AHEAD)
+    if DO_F:
+        f_dt, f_B, f_C, f_dz = _ahead_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p, mask_p,
+                                         offs_n, mask_n, L, H, xstride, bstride, SH_F, AHEAD)
+    if OWN_B:
+        b_dt, b_B, b_C, b_dz = _ahead_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n, offs_p, mask_p,
+                                         offs_n, mask_n, L, H, xstride, bstride, SH_B, AHEAD)
     for c in range(c0, c1):
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
         rows_n = rows + BLOCK_Q
-        if AHEAD:
-            xv = x_n.to(COMPUTE)
-            x_n = _x_rows(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride)
-        else:
-            xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+        xv = _x_in(x_n, x_ptr + xo, xy_off, m_xp, COMPUTE, AHEAD)
+        x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, AHEAD)
         g_off = go + rows[:, None] * gstride + offs_n[None, :]
         # the rows this pass adds to (written by pass A or by an earlier launch) are loaded before the chunk's dots,
         # which hide the loads' latency (loaded where they are added, they were a fifth of the kernel's stalls on an
@@ -834,16 +847,11 @@ def _bi_ssd_bwd_kernel(
                 dB_old = tl.load(dB_ptr + g_off, mask=m_bn, other=0.0)
             s2_old = tl.load(scr_ptr + so + 2 * L + rows, mask=mrow, other=0.0)
         if DO_F:
-            if AHEAD:
-                dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk_loaded(
-                    f_dt, f_B, f_C, f_dz, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
-                f_dt, f_B, f_C, f_dz = _chunk_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p,
-                                                 mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_F)
-            else:
-                dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_chunk(
-                    f_dt, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn,
-                    bn_off, L, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q)
-                f_dt = _dt_rows(dt_ptr + dto, rows_n, L, H)
+            dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_in(
+                f_dt, f_B, f_C, f_dz, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p,
+                mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q, AHEAD)
+            f_dt, f_B, f_C, f_dz = _ahead_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p,
+                                             mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_F, AHEAD)
             # pairs with s in earlier chunks: dC_t = e_t dz_t S^T, and their output terms Yf_t = dz_t . (e_t C_t S)
             # = C_t . dC_t from the same product (DOT_RD, as for Yb)
             dC_inter = tl.exp(csf)[:, None] * _dot(dzf, tl.trans(S), DOT_RD)
@@ -853,16 +861,11 @@ def _bi_ssd_bwd_kernel(
             _store_sum(scr_ptr + so + rows, s0_old, Yf, mrow)
         if DO_B:
             if OWN_B:
-                if AHEAD:
-                    dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_chunk_loaded(
-                        b_dt, b_B, b_C, b_dz, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
-                    b_dt, b_B, b_C, b_dz = _chunk_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n,
-                                                     offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_B)
-                else:
-                    dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_chunk(
-                        b_dt, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p, mask_p,
-                        m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q)
-                    b_dt = _dt_rows(dtb_ptr + dto, rows_n, L, H)
+                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_in(
+                    b_dt, b_B, b_C, b_dz, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q,
+                    offs_p, mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q, AHEAD)
+                b_dt, b_B, b_C, b_dz = _ahead_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n,
+                                                 offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_B, AHEAD)
             else:  # as in pass A
                 dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
             # pairs with t in earlier chunks: through the gradient dSb of the anti-causal state of earlier rows
