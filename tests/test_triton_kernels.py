@@ -228,6 +228,46 @@ def test_every_pairs_config(pi):
             check_case(args, kw, (bi + pi) % len(FWD_CONFIGS), bi)
 
 
+# 2a. the backward segment kernel's two ways of loading a chunk: its inputs one chunk ahead (tiles up to
+#     triton_kernels.AHEAD_MAX_TILE, every other test's sizes) or its tiles at their use (larger tiles: headdim x
+#     d_state 64 x 64 and up on the GPU). The second way, forced here at small sizes, under every backward config and
+#     in every mode of the kernel (one and two launches, Hydra's own backward inputs and shift, one direction).
+_AT_USE_MODES = [
+    (dict(direction="both"), dict(split=False)),
+    (dict(direction="both"), dict(split=True)),
+    (dict(direction="both", shift=True, sep=True, g=2, h=4), dict(split=True)),
+    (dict(direction="both", shift=True, sep=True), dict(split=False)),
+    (dict(direction="both", shift=True, d_shape="h"), dict()),
+    (dict(direction="backward"), dict()),
+]
+
+
+def _no_loads_ahead(*args, **kwargs):
+    raise AssertionError("the loads-ahead path ran")
+
+
+@pytest.mark.parametrize("bi", range(len(BWD_CONFIGS)))
+def test_every_bwd_config_with_tiles_loaded_at_use(monkeypatch, bi):
+    import triton.language as tl
+
+    from yolo_bimamba.ops import triton_kernels
+
+    q = _qb(bi)
+    monkeypatch.setattr(triton_kernels, "_dir_chunk_loaded", _no_loads_ahead)
+    if bi == 0:  # the patch has teeth: at these sizes the kernel loads ahead unless the bound is lowered
+        args, kw = make_inputs(l=q + 3, seed=3)
+        with pytest.raises(Exception, match="the loads-ahead path ran"):
+            run_triton(args, kw, torch.randn(args[0].shape, dtype=args[0].dtype, device=DEV), 0, bi)
+    monkeypatch.setattr(triton_kernels, "AHEAD_MAX_TILE", tl.constexpr(0))
+    for i, (opt, forced) in enumerate(_AT_USE_MODES):
+        opt = dict(opt)
+        direction, shift = opt.pop("direction"), opt.pop("shift", False)
+        args, kw = make_inputs(l=2 * q + 5 + i, seed=10 * bi + i, **opt)
+        kw.update(direction=direction, shift=shift)
+        with force_config(**forced):
+            check_case(args, kw, 0, bi)
+
+
 # 2b. segment-parallel passes: every state-kernel config, several segments (the last one partial), the backward's
 #     two directions in two launches (default) and in one
 @pytest.mark.parametrize("si", range(len(STATE_CONFIGS)))
