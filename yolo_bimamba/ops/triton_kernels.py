@@ -220,13 +220,6 @@ def _process_dt(raw, bias, dt_lo, dt_hi, SOFTPLUS: tl.constexpr):
 
 
 @triton.jit
-def _x_rows(x_ptr, rows, offs_p, mask_p, L, xstride):
-    """x (or any (row, headdim) input) as stored, of the rows in [0, L) (0 elsewhere)."""
-    m = ((rows >= 0) & (rows < L))[:, None] & mask_p[None, :]
-    return tl.load(x_ptr + rows[:, None] * xstride + offs_p[None, :], mask=m, other=0.0)
-
-
-@triton.jit
 def _dt_of_raw(raw, bias, mrow, dt_lo, dt_hi, SOFTPLUS: tl.constexpr):
     dtv, dgrad = _process_dt(raw, bias, dt_lo, dt_hi, SOFTPLUS)
     # padding rows contribute nothing, whatever bias/softplus would make of them
@@ -581,31 +574,8 @@ def _add_rows(ptrs, v, mask):
 
 
 @triton.jit
-def _chunk_tiles(B_ptr, C_ptr, dy_ptr, rows, offs_p, mask_p, offs_n, mask_n, L, xstride, bstride,
-                 DZ_SHIFT: tl.constexpr):
-    """One direction's tiles of the chunk of rows as stored (0 outside [0, L)): B, C and the gradient dz of the
-    direction's unshifted output z, which is dy at rows + DZ_SHIFT (Hydra's shift: y_f[t] = z_f[t-1] -> dz_f[t] =
-    dy[t+1], shift +1; y_b[t] = z_b[t+1] -> dz_b[t] = dy[t-1], shift -1)."""
-    ok = (rows >= 0) & (rows < L)
-    m_bn = ok[:, None] & mask_n[None, :]
-    bn_off = rows[:, None] * bstride + offs_n[None, :]
-    r = rows + DZ_SHIFT
-    m_z = (ok & (r >= 0) & (r < L))[:, None] & mask_p[None, :]
-    return (tl.load(B_ptr + bn_off, mask=m_bn, other=0.0), tl.load(C_ptr + bn_off, mask=m_bn, other=0.0),
-            tl.load(dy_ptr + r[:, None] * xstride + offs_p[None, :], mask=m_z, other=0.0))
-
-
-@triton.jit
 def _dt_rows(dt_ptr, rows, L, H):
     return tl.load(dt_ptr + rows * H, mask=(rows >= 0) & (rows < L), other=0.0)
-
-
-@triton.jit
-def _chunk_in(dt_ptr, B_ptr, C_ptr, dy_ptr, rows, offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride,
-              DZ_SHIFT: tl.constexpr):
-    """One direction's inputs of the chunk of rows as stored: dt and _chunk_tiles."""
-    Bv, Cv, dz = _chunk_tiles(B_ptr, C_ptr, dy_ptr, rows, offs_p, mask_p, offs_n, mask_n, L, xstride, bstride, DZ_SHIFT)
-    return _dt_rows(dt_ptr, rows, L, H), Bv, Cv, dz
 
 
 @triton.jit
@@ -613,7 +583,7 @@ def _dir_chunk(raw_dt, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs
                dt_lo, dt_hi, DZ_SHIFT: tl.constexpr, SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr,
                BLOCK_Q: tl.constexpr):
     """One direction's chunk in the backward, from its dt as stored (raw_dt): processed dt, log-decays, their cumsums
-    (_decay_of_raw), and B, C and dz (as _chunk_tiles) loaded here, in the compute dtype."""
+    (_decay_of_raw), and B, C and dz (as _ahead_in loads them) loaded here, in the compute dtype."""
     dtv, a, cs, last, tail = _decay_of_raw(raw_dt.to(COMPUTE), bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
     Bv = tl.load(B_ptr + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
     Cv = tl.load(C_ptr + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
@@ -626,7 +596,7 @@ def _dir_chunk(raw_dt, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs
 @triton.jit
 def _dir_chunk_loaded(raw_dt, raw_B, raw_C, raw_dz, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS: tl.constexpr,
                       COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr):
-    """The same from all its inputs as loaded ahead (_chunk_in)."""
+    """The same from all its inputs as loaded ahead (_ahead_in)."""
     dtv, a, cs, last, tail = _decay_of_raw(raw_dt.to(COMPUTE), bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
     return dtv, a, cs, last, tail, raw_B.to(COMPUTE), raw_C.to(COMPUTE), raw_dz.to(COMPUTE)
 
@@ -634,11 +604,20 @@ def _dir_chunk_loaded(raw_dt, raw_B, raw_C, raw_dz, bias, A_h, mrow, offs_q, dt_
 @triton.jit
 def _ahead_in(dt_ptr, B_ptr, C_ptr, dy_ptr, rows, offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride,
               DZ_SHIFT: tl.constexpr, AHEAD: tl.constexpr):
-    """What the segment kernel loads of a direction's next chunk (rows) ahead of its use: all its inputs with AHEAD
-    (_chunk_in), else its dt only (zeros stand in for the tiles, which _dir_in then loads at their use)."""
+    """What the segment kernel loads of a direction's next chunk (rows) ahead of its use, as stored (0 outside
+    [0, L)): with AHEAD its dt, B, C and the gradient dz of the direction's unshifted output z, which is dy at rows +
+    DZ_SHIFT (Hydra's shift: y_f[t] = z_f[t-1] -> dz_f[t] = dy[t+1], shift +1; y_b[t] = z_b[t+1] -> dz_b[t] =
+    dy[t-1], shift -1); without, its dt only (zeros stand in for the tiles, which _dir_in then loads at their use)."""
     if AHEAD:
-        return _chunk_in(dt_ptr, B_ptr, C_ptr, dy_ptr, rows, offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride,
-                         DZ_SHIFT)
+        ok = (rows >= 0) & (rows < L)
+        m_bn = ok[:, None] & mask_n[None, :]
+        bn_off = rows[:, None] * bstride + offs_n[None, :]
+        r = rows + DZ_SHIFT
+        m_z = (ok & (r >= 0) & (r < L))[:, None] & mask_p[None, :]
+        Bv = tl.load(B_ptr + bn_off, mask=m_bn, other=0.0)
+        Cv = tl.load(C_ptr + bn_off, mask=m_bn, other=0.0)
+        dz = tl.load(dy_ptr + r[:, None] * xstride + offs_p[None, :], mask=m_z, other=0.0)
+        return _dt_rows(dt_ptr, rows, L, H), Bv, Cv, dz
     else:
         return _dt_rows(dt_ptr, rows, L, H), 0.0, 0.0, 0.0
 
@@ -658,8 +637,10 @@ def _dir_in(i_dt, i_B, i_C, i_dz, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, o
 
 @triton.jit
 def _x_ahead(x_ptr, rows, offs_p, mask_p, L, xstride, AHEAD: tl.constexpr):
+    """x of the next chunk (rows in [0, L); 0 elsewhere), loaded ahead with AHEAD (else a stand-in: _x_in loads it)."""
     if AHEAD:
-        return _x_rows(x_ptr, rows, offs_p, mask_p, L, xstride)
+        m = ((rows >= 0) & (rows < L))[:, None] & mask_p[None, :]
+        return tl.load(x_ptr + rows[:, None] * xstride + offs_p[None, :], mask=m, other=0.0)
     else:
         return 0.0
 
