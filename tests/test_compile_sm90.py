@@ -47,6 +47,8 @@ TIMEOUT_S = 600
 # tile sizes and shared memory (headdim x d_state 64x64 = detection, 64x128 = LM, 128x128 = the
 # largest supported for fp32 and 16-bit inputs), in the default bidirectional mode; at 64x64 also with the backward's two directions in
 # two launches (force_config(split=True)) instead of one.
+# At 32x32 (the detection models' layers) the backward loads differently (see the variant), so it is compiled there
+# too, to a cubin in bf16 (what AMP training runs).
 # Tier 2 ("ptx": front end, layouts and shared-memory allocation, no ptxas; one dtype each, to
 # keep this test within its CI budget): the other code paths of the same kernels (Hydra shift with
 # separate backward inputs, shift with shared inputs, one direction, ngroups > 1, D per channel,
@@ -68,6 +70,10 @@ def _variants():
         ("p64n256-both", 64, 256, 1, 8, both, ("bf16",), t2),
         ("p256n64-both", 256, 64, 1, 4, both, ("bf16",), t2),
         ("p64n64-hydra", 64, 64, 1, 8, hydra, ("bf16",), t2),
+        # headdim x d_state 32 x 32 (the detection models' own layers): the backward segment kernel takes its other
+        # way of loading there (every input of a chunk one chunk ahead, triton_kernels.AHEAD_MAX_TILE)
+        ("p32n32-both", 32, 32, 1, 8, both, ("bf16",), t1),
+        ("p32n32-hydra", 32, 32, 1, 8, hydra, ("bf16",), t2),
         ("p64n64-shift-shared-g2", 64, 64, 2, 8, hydra_shared, ("fp32",), t2),
         ("p64n64-forward-g2", 64, 64, 2, 8, fwd, ("bf16",), t2),
         ("p64n64-backward", 64, 64, 1, 8, bwd, ("fp32",), t2),
