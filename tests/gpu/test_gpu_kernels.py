@@ -466,6 +466,53 @@ def test_autotuned_first_call(dtype):
         to._AUTOTUNE = old
 
 
+# launches after the first of a specialisation: the kept compiled kernel, without Triton's JITFunction.run ------
+
+@pytest.mark.parametrize("dtype", _p([("direct", (), dt, "direct-launch") for dt in DTYPES]))
+def test_direct_launch(dtype):
+    """After the first call of a specialisation the op launches the kept compiled kernels itself (ops.launch), with
+    Triton's own specialisation checked on each such launch (YOLO_BIMAMBA_CHECK_LAUNCH, set by conftest): the results
+    equal launches through Triton bitwise, and inputs that are not 16-byte aligned (a view one element into a buffer)
+    get a kernel of their own, as Triton's specialisation requires, and are still accurate."""
+    if BACKEND != "triton":
+        pytest.skip("direct launches belong to the triton backend")
+    from yolo_bimamba.ops import launch
+
+    assert launch.CHECK, "the GPU suite checks every direct launch (conftest sets YOLO_BIMAMBA_CHECK_LAUNCH=1)"
+    s = _shape(4, 1000, 8, 32, 32)
+    inp, dy, opts = make_inputs(s, seed=12)
+    old = launch.DIRECT
+    try:
+        launch.DIRECT = False
+        through_triton = run(inp, dy, opts, dtype, backend=BACKEND)
+        launch.DIRECT = True
+        run(inp, dy, opts, dtype, backend=BACKEND)  # compiles or finds the kernels, keeps them
+        before = dict(launch.counts)
+        direct = run(inp, dy, opts, dtype, backend=BACKEND)
+        assert launch.counts["direct"] - before["direct"] >= 7 and launch.counts["triton"] == before["triton"], \
+            f"expected every launch of the third call to be direct: {before} -> {launch.counts}"
+        bad = repeat_problems(through_triton, direct)
+        assert not bad, "direct launches differ from launches through Triton: " + "; ".join(bad)
+
+        def shifted(t):  # the same values, one element into a fresh buffer: not 16-byte aligned
+            buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+            out = buf[1:].view(t.shape)
+            out.copy_(t)
+            return out
+
+        mis = {k: shifted(v.to(dtype if k in LOWP else torch.float32)) if k in ("x", "B", "C") else v
+               for k, v in inp.items()}
+        assert mis["x"].data_ptr() % 16 != 0
+        before = dict(launch.counts)
+        outs = [run(mis, dy, opts, dtype, backend=BACKEND) for _ in range(2)]
+        assert launch.counts["triton"] > before["triton"], "misaligned inputs reused the aligned inputs' kernels"
+        ref = cached_reference(("direct", _sid(s)), lambda: reference(inp, dy, opts))
+        bad = accuracy_problems(outs[1], ref, dtype, "misaligned") + repeat_problems(outs[0], outs[1])
+        assert not bad, "misaligned inputs: " + "; ".join(bad)
+    finally:
+        launch.DIRECT = old
+
+
 # the bf16 split of the state dots on the GPU's real bf16 bit operations ------------------------
 
 def test_bf16_rounding_and_split_on_the_gpu():

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .fused_switch import ForcedConfig, alloc, compute_dtype, runs_triton, triton_usable
+from .launch import launch
 
 
 force_config = ForcedConfig()  # tests: ``with force_config(i):`` every launch uses config i of CONFIGS
@@ -81,9 +82,9 @@ class _DWConvSiLU(torch.autograd.Function):
         bl, bc, nw = _config(C)
         y = alloc((b, L, C), u.dtype, u.device)
         grid = (b, -(-L // bl), -(-C // bc))
-        _dwconv_silu_fwd[grid](u, w, bias if bias is not None else w, y, L, C, u.stride(0), u.stride(1),
-                               K=K, HAS_BIAS=bias is not None, COMPUTE=compute_dtype(u.dtype), BLOCK_L=bl, BLOCK_C=bc,
-                               num_warps=nw)
+        launch(_dwconv_silu_fwd, grid, (u, w, bias if bias is not None else w, y, L, C, u.stride(0), u.stride(1)),
+               dict(K=K, HAS_BIAS=bias is not None, COMPUTE=compute_dtype(u.dtype), BLOCK_L=bl, BLOCK_C=bc,
+                    num_warps=nw))
         ctx.save_for_backward(u, w, bias)
         ctx.weight_shape = weight.shape
         return y
@@ -104,13 +105,13 @@ class _DWConvSiLU(torch.autograd.Function):
         acc = torch.float64 if u.dtype == torch.float64 else torch.float32
         gp = alloc((b, L, C), acc, u.device)
         dbias_part = alloc((b * nlb, C), acc, u.device) if bias is not None else gp
-        _dwconv_silu_bwd_pre[grid](u, w, bias if bias is not None else w, dy, gp, dbias_part, L, C, u.stride(0),
-                                   u.stride(1), K=K, HAS_BIAS=bias is not None, COMPUTE=comp, BLOCK_L=bl,
-                                   BLOCK_C=bc, num_warps=nw)
+        launch(_dwconv_silu_bwd_pre, grid,
+               (u, w, bias if bias is not None else w, dy, gp, dbias_part, L, C, u.stride(0), u.stride(1)),
+               dict(K=K, HAS_BIAS=bias is not None, COMPUTE=comp, BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
         du = alloc((b, L, C), u.dtype, u.device)
         dw_part = alloc((b * nlb, K, C), acc, u.device)
-        _dwconv_silu_bwd_in[grid](u, w, gp, du, dw_part, L, C, u.stride(0), u.stride(1), K=K, COMPUTE=comp,
-                                  BLOCK_L=bl, BLOCK_C=bc, num_warps=nw)
+        launch(_dwconv_silu_bwd_in, grid, (u, w, gp, du, dw_part, L, C, u.stride(0), u.stride(1)),
+               dict(K=K, COMPUTE=comp, BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
         dw = dw_part.sum(0).t().reshape(ctx.weight_shape).to(w.dtype)
         dbias = dbias_part.sum(0).to(bias.dtype) if bias is not None else None
         return du, dw, dbias

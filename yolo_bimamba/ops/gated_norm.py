@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .fused_switch import ForcedConfig, alloc, compute_dtype, runs_triton, triton_usable
+from .launch import launch
 
 MAX_TILE = 8192  # rows x padded channels per program
 
@@ -83,8 +84,8 @@ class _GatedRMSNorm(torch.autograd.Function):
         comp = compute_dtype(x.dtype)
         out = alloc((R, D), x.dtype, x.device)
         rstd = alloc((R,), torch.float64 if x.dtype == torch.float64 else torch.float32, x.device)
-        _gated_rmsnorm_fwd[(-(-R // br),)](x2, z2, weight, out, rstd, R, D, z2.stride(0), eps, COMPUTE=comp,
-                                           BLOCK_R=br, BLOCK_D=bd, num_warps=nw)
+        launch(_gated_rmsnorm_fwd, (-(-R // br),), (x2, z2, weight, out, rstd, R, D, z2.stride(0), eps),
+               dict(COMPUTE=comp, BLOCK_R=br, BLOCK_D=bd, num_warps=nw))
         ctx.save_for_backward(x2, z2, weight, rstd)
         ctx.shapes = (x.shape, z.dtype)
         return out.view(x.shape)
@@ -103,6 +104,6 @@ class _GatedRMSNorm(torch.autograd.Function):
         dx = alloc((R, D), x2.dtype, x2.device)
         dz = alloc((R, D), zdtype, x2.device)
         dw_part = alloc((nprog, D), rstd.dtype, x2.device)
-        _gated_rmsnorm_bwd[(nprog,)](x2, z2, weight, rstd, dout2, dx, dz, dw_part, R, D, z2.stride(0),
-                                     COMPUTE=compute_dtype(x2.dtype), BLOCK_R=br, BLOCK_D=bd, num_warps=nw)
+        launch(_gated_rmsnorm_bwd, (nprog,), (x2, z2, weight, rstd, dout2, dx, dz, dw_part, R, D, z2.stride(0)),
+               dict(COMPUTE=compute_dtype(x2.dtype), BLOCK_R=br, BLOCK_D=bd, num_warps=nw))
         return dx.view(shape), dz.view(shape), dw_part.sum(0).to(weight.dtype), None

@@ -26,6 +26,7 @@ from .triton_kernels import (
     prune_bwd_configs,
 )
 from .fused_switch import alloc as _alloc, check_guards, compute_dtype, poison_outputs  # noqa: F401 (test hooks)
+from .launch import launch
 from .validate import kernel_tile, validate_bi_ssd
 
 __all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE_CONFIGS", "PAIRS_CONFIGS"]
@@ -174,7 +175,8 @@ def segment_rows(b, h, L, device) -> int:
 # autotuner's own (its key names are among the keyword arguments; it adds every argument's dtype), so a later call
 # launches the config the autotuner would pick, without going through triton's Autotuner.run, which cost about 0.08 ms
 # of host time per launch on the H200 machine, a sixth of the op's host time at a detection model's shape
-# (benchmarks/results/profile/host-*.json); the op is host-bound there
+# (benchmarks/results/profile/host-*.json); the op is host-bound there. Every launch then goes through ops.launch,
+# which also skips Triton's JITFunction.run once a specialisation is compiled
 _chosen: dict = {}
 _CHOSEN_MAX = 4096
 
@@ -207,7 +209,7 @@ def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg=None):
 
 def _run_config(jit_fn, grid_fn, args, kwargs, cfg):
     meta = dict(cfg.kwargs)
-    jit_fn[grid_fn(meta)](*args, **kwargs, **meta, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    launch(jit_fn, grid_fn(meta), args, {**kwargs, **meta, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
     return cfg
 
 
@@ -398,8 +400,8 @@ class _BiSSDFn(torch.autograd.Function):
                 return tB.to(likeB.dtype), tC.to(likeC.dtype)
             outB, outC = _alloc(likeB.shape, likeB.dtype, dev), _alloc(likeC.shape, likeC.dtype, dev)
             bk = min(128, triton.next_power_of_2(g * n))
-            _bi_ssd_fold_kernel[(triton.cdiv(b * l, FOLD_ROWS), triton.cdiv(g * n, bk), 2)](
-                tB, outB, tC, outC, b * l, g * n, N=n, R=h // g, BLOCK_R=FOLD_ROWS, BLOCK_K=bk)
+            launch(_bi_ssd_fold_kernel, (triton.cdiv(b * l, FOLD_ROWS), triton.cdiv(g * n, bk), 2),
+                   (tB, outB, tC, outC, b * l, g * n), dict(N=n, R=h // g, BLOCK_R=FOLD_ROWS, BLOCK_K=bk))
             return outB, outC
 
         kwargs = dict(
@@ -442,10 +444,9 @@ class _BiSSDFn(torch.autograd.Function):
         else:
             used = bwd(args(dB, dC, dBb, dCb), {**kwargs, "ACC": False})
             pairs(used, dB, dC, dBb, dCb)
-        _bi_ssd_bwd_dt_kernel[(b * h,)](
-            dt, A, bias_arg, dtb, ddt, ddtb, scr, part, l, h, lo, hi, DO_F=do_f, DO_B=do_b, SEPARATE=separate,
-            HAS_BIAS=has_bias, SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype), BLOCK_Q=PASS_C_ROWS,
-        )
+        launch(_bi_ssd_bwd_dt_kernel, (b * h,), (dt, A, bias_arg, dtb, ddt, ddtb, scr, part, l, h, lo, hi),
+               dict(DO_F=do_f, DO_B=do_b, SEPARATE=separate, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
+                    COMPUTE=compute_dtype(x.dtype), BLOCK_Q=PASS_C_ROWS))
         if not (split and separate):
             gB, gC = fold(dB, dC, B, C)
 

@@ -1,0 +1,138 @@
+"""The direct kernel launch (yolo_bimamba.ops.launch): its cache key against Triton's own specialisation, the
+argument order it hands to Triton's launcher, and CPU tensors going through Triton. The direct launch itself needs a
+GPU: tests/gpu/test_gpu_kernels.py::test_direct_launch, with every direct launch of the GPU suite checked against
+Triton's specialisation."""
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from yolo_bimamba.ops import launch as L
+from yolo_bimamba.ops import triton_op as to
+
+
+def _triton_binder(kernel):
+    """Triton's own argument binder and specialiser for an sm_90 target (what JITFunction.run calls on a GPU)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime import jit as tjit
+
+    jf = tjit.JITFunction(getattr(kernel, "fn", kernel))
+    return jf, tjit.create_function_from_signature(jf.signature, jf.params, make_backend(GPUTarget("cuda", 90, 32)))
+
+
+DT_KW = dict(DO_F=True, DO_B=True, SEPARATE=False, HAS_BIAS=True, SOFTPLUS=True, COMPUTE=tl.float32, BLOCK_Q=64)
+
+
+def _dt_args(**over):
+    x = torch.zeros(64)
+    args = dict(dt=x, A=x, bias=x, dtb=x, ddt=x, ddtb=x, scr=x, part=x, L=160, h=8, lo=0.0, hi=math.inf)
+    args.update(over)
+    return tuple(args.values())
+
+
+def _values():
+    """Arguments that Triton may specialise differently: tensors of several dtypes at every offset up to 16 bytes,
+    integers around 1, 16 and the 32- and 64-bit limits, floats."""
+    tensors = [torch.zeros(64, dtype=dt)[off:] for dt in (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+               for off in range(9)]
+    ints = [0, 1, 2, 3, 15, 16, 17, 32, 48, 1600, 6400, 65536, (1 << 31) - 16, (1 << 31) - 1, 1 << 31,
+            (1 << 31) + 16, 1 << 32, (1 << 63) - 16, 1 << 63, -1, -16, -(1 << 31), -(1 << 31) - 16]
+    floats = [0.0, 1.0, -2.5, 16.0, math.inf, 1e-30]
+    return {"tensor": tensors, "int": ints, "float": floats}
+
+
+@pytest.mark.parametrize("kind,pos", [("tensor", 0), ("tensor", 4), ("int", 8), ("int", 9), ("float", 10),
+                                      ("float", 11)])
+def test_key_is_never_coarser_than_triton_specialisation(kind, pos):
+    """Two arguments with the same key must get the same specialisation from Triton, or a kept kernel compiled for
+    one (say, for a 16-byte aligned pointer) would be launched for the other. Checked with Triton's own specialiser
+    over values chosen to hit every case it distinguishes; the key tells apart what Triton does (it is not
+    trivially fine: some distinct values share a key)."""
+    jf, binder = _triton_binder(to._bi_ssd_bwd_dt_kernel)
+    spec_of = {}
+    for v in _values()[kind]:
+        args = list(_dt_args())
+        args[pos] = v
+        spec = binder(*args, **DT_KW)[1][pos]
+        key = L._arg_key(v)
+        assert key is not L._Uncached
+        assert spec_of.setdefault(key, spec) == spec, f"{kind} {v!r}: key {key} also given to specialisation " \
+                                                      f"{spec_of[key]}, Triton says {spec}"
+    specs = set(map(repr, spec_of.values()))
+    assert len(spec_of) < len(_values()[kind]) or kind == "float", "every value got a key of its own"
+    if kind != "float":
+        assert len(specs) > 1, "the values do not exercise Triton's specialisation"
+
+
+def test_key_marks_arguments_it_cannot_describe():
+    assert L._arg_key(object()) is L._Uncached
+    assert L._arg_key((1, 2)) is L._Uncached
+    assert L._arg_key(None) is None and L._arg_key(True) is True and L._arg_key(False) is False
+
+
+def test_tail_is_the_kernel_parameters_after_the_positional_ones_in_order():
+    """Triton's launcher takes every parameter, the constexprs too, in the kernel's order: the kept tail must be that
+    order whatever order the keyword arguments came in, with defaults for parameters not given."""
+    jf, binder = _triton_binder(to._bi_ssd_bwd_dt_kernel)
+    args = _dt_args()
+    shuffled = dict(reversed(list(DT_KW.items())), num_warps=4)
+    tail = L._tail(jf, len(args), shuffled)
+    bound = binder(*args, **shuffled)[0]
+    assert tail == tuple(bound.values())[len(args):]
+    assert len(args) + len(tail) == len(jf.params)
+    with pytest.raises(TypeError, match="BLOCK_Q"):
+        L._tail(jf, len(args), {k: v for k, v in DT_KW.items() if k != "BLOCK_Q"})
+
+    @triton.jit
+    def with_default(a_ptr, n, K: tl.constexpr = 3, M: tl.constexpr = 5):
+        pass
+
+    jf2, binder2 = _triton_binder(with_default)
+    assert L._tail(jf2, 2, {"M": 7}) == (3, 7) == tuple(binder2(torch.zeros(4), 4, M=7)[0].values())[2:]
+
+
+def test_cpu_tensors_go_through_triton_and_nothing_is_kept():
+    """Off CUDA (the interpreter here) every launch goes through Triton and the result is the kernel's: the fold of
+    per-head partials, against torch."""
+    b_l, h, n = 37, 4, 8
+    tB, tC = torch.randn(b_l, h * n), torch.randn(b_l, h * n)
+    outB, outC = torch.full((b_l, n), math.nan), torch.full((b_l, n), math.nan)
+    kept, before = len(L._kept), dict(L.counts)
+    for _ in range(2):
+        L.launch(to._bi_ssd_fold_kernel, (triton.cdiv(b_l, to.FOLD_ROWS), 1, 2), (tB, outB, tC, outC, b_l, n),
+                 dict(N=n, R=h, BLOCK_R=to.FOLD_ROWS, BLOCK_K=triton.next_power_of_2(n)))
+    assert L.counts["triton"] == before["triton"] + 2 and L.counts["direct"] == before["direct"]
+    assert len(L._kept) == kept
+    torch.testing.assert_close(outB, tB.view(b_l, h, n).sum(1))
+    torch.testing.assert_close(outC, tC.view(b_l, h, n).sum(1))
+
+
+def test_direct_launch_switch_and_check_read_from_the_environment():
+    import subprocess
+    import sys
+
+    code = "from yolo_bimamba.ops import launch as L; print(L.DIRECT, L.CHECK)"
+    env = dict(__import__("os").environ, YOLO_BIMAMBA_DIRECT_LAUNCH="0", YOLO_BIMAMBA_CHECK_LAUNCH="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True"]
+
+
+def test_launch_hooks_send_launches_through_triton():
+    """Triton's launch hooks (profilers) are called by its own launch path: with one set, nothing is launched
+    directly. Triton >= 3.4 always has a hook chain, empty unless a hook was added."""
+    rt = triton.knobs.runtime
+    assert not L._hooks_set()
+    calls = []
+    rt.launch_enter_hook.add(calls.append) if hasattr(rt.launch_enter_hook, "add") else setattr(
+        rt, "launch_enter_hook", calls.append)
+    try:
+        assert L._hooks_set()
+    finally:
+        if hasattr(rt.launch_enter_hook, "remove"):
+            rt.launch_enter_hook.remove(calls.append)
+        else:
+            rt.launch_enter_hook = None
+    assert not L._hooks_set()
