@@ -29,6 +29,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
 def _kernel_times(fn, iters=5):
     """Median over ``iters`` profiled calls of fn: {kernel name: CUDA ms per call} and the number of launches."""
     from torch.profiler import ProfilerActivity, profile
@@ -134,7 +137,7 @@ def kernels(args):
     for name, b, L, h, p, n in shapes:
         if args.shapes and name not in args.shapes.split(","):
             continue
-        x, call = _op_inputs(b, L, h, p, n, torch.bfloat16)
+        x, call = _op_inputs(b, L, h, p, n, _DTYPES[args.dtype])
         ints = lambda v: [int(c) for c in v.split(",")] if v else [None]  # noqa: E731
         variants = [(d, pps, prec, cfg, split, fcfg, scfg, pcfg) for d in args.directions.split(",") for pps in pps_list
                     for prec in (args.prec.split(";") if args.prec else [None])
@@ -158,7 +161,8 @@ def kernels(args):
             with triton_op.force_config(**forced):
                 times, launches = _kernel_times(step)
             total = sum(times.values())
-            rec = {"shape": name, "direction": direction, "programs_per_sm": pps, "dot_prec": prec, "bwd_cfg": cfg,
+            rec = {"shape": name, "dtype": args.dtype, "direction": direction, "programs_per_sm": pps,
+                   "dot_prec": prec, "bwd_cfg": cfg,
                    "fwd_cfg": fcfg, "state_cfg": scfg, "pairs_cfg": pcfg, "split": split, "seg_rows": seg,
                    "nseg": -(-L // seg),
                    "total_ms": round(total, 4),
@@ -255,7 +259,7 @@ def host(args):
 
     _enter_package_without_glue()
     b, L, h, p, n = (int(v) for v in args.host_shape.split(","))
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
+    dtype = _DTYPES[args.precision]
     _, call = _op_inputs(b, L, h, p, n, dtype)
 
     for _ in range(5):
@@ -303,6 +307,7 @@ def main():
     ap.add_argument("--splits", default="",
                     help="kernels: backward directions in two launches (1) or one (0), e.g. 1,0")
     ap.add_argument("--shapes", default="", help="kernels: shape names, comma separated (default all)")
+    ap.add_argument("--dtype", default="bf16", choices=list(_DTYPES), help="kernels: the inputs' dtype")
     ap.add_argument("--models", default="yolov8n-bimamba.yaml,yolov8n.yaml")
     ap.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--host-shape", default="32,400,4,64,64", help="host: b,L,h,p,n")

@@ -130,19 +130,37 @@ def test_bf16_policy_every_other_bwd_config(bi):
     assert not bad and errs["dA"] <= 5e-5, errs
 
 
-def test_fp16_inputs_under_emulated_tensor_cores():
-    """fp16 inputs (fp16 AMP) run their own policy (tf32 and tf32x3 dots): fp16 tensors run in the interpreter, so the
-    whole fp16 path is checked here against the bf16 bar of the GPU suite."""
-    assert triton_op._dot_precisions(torch.zeros(1, dtype=torch.float16))["DOT_ST"] == "tf32x3"
-    inp, dy = _inputs()
-    ref = _grads(inp, dy, "torch", torch.float64)
+_FP16_POLICY = dict(DOT_ST="tf32x3", DOT_RD="tf32x3", DOT_MID="tf32", DOT_IN="tf32", DOT_LO="tf32")
+
+
+def _fp16_run(inp, dy, policy=None):
     leaves = {k: v.detach().to(torch.float16 if k in ("x", "dt", "B", "C") else torch.float32).requires_grad_()
               for k, v in inp.items()}
-    with emulate_tf32(), force_config(fwd=2, bwd=0, state=2):
-        y = bi_ssd(leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], D=leaves["D"],
-                   dt_bias=leaves["dt_bias"], dt_softplus=True, backend="triton")
-        gs = torch.autograd.grad(y, list(leaves.values()), dy.to(torch.float16))
+    original = triton_op._dot_precisions
+    try:
+        if policy is not None:
+            triton_op._dot_precisions = lambda x: policy
+        with emulate_tf32(), force_config(fwd=2, bwd=0, state=2):
+            y = bi_ssd(leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], D=leaves["D"],
+                       dt_bias=leaves["dt_bias"], dt_softplus=True, backend="triton")
+            gs = torch.autograd.grad(y, list(leaves.values()), dy.to(torch.float16))
+    finally:
+        triton_op._dot_precisions = original
     assert y.dtype == torch.float16
-    errs = _errors({"y": y, **{"d" + k: g for k, g in zip(leaves, gs)}}, ref)
-    bad = {k: v for k, v in errs.items() if not v <= 1.5e-2}
-    assert not bad, f"fp16 above 1.5e-2: {bad} (all: {errs})"
+    return {"y": y, **{"d" + k: g for k, g in zip(leaves, gs)}}
+
+
+def test_fp16_inputs_under_emulated_tensor_cores():
+    """fp16 inputs (fp16 AMP) run their own policy (tf32x3 state dots, tf32 for the rest): fp16 tensors run in the
+    interpreter, so the whole fp16 path is checked here against the fp16 bar of the GPU suite (5e-3), with dA at
+    fp32 accuracy; with the state dots in plain tf32, dA is far less accurate."""
+    assert triton_op._dot_precisions(torch.zeros(1, dtype=torch.float16)) == _FP16_POLICY
+    inp, dy = _inputs()
+    ref = _grads(inp, dy, "torch", torch.float64)
+    errs = _errors(_fp16_run(inp, dy), ref)
+    bad = {k: v for k, v in errs.items() if not v <= 5e-3}
+    assert not bad, f"fp16 above 5e-3: {bad} (all: {errs})"
+    assert errs["dA"] <= 5e-5, errs
+    plain = _errors(_fp16_run(inp, dy, dict(_FP16_POLICY, DOT_ST="tf32", DOT_RD="tf32")), ref)
+    assert plain["dA"] > 20 * errs["dA"], (plain, errs)
+
