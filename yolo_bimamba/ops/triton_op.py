@@ -242,7 +242,7 @@ def _dot_precisions(x):
         # (exact on two fp16 inputs), the in-chunk products too, as for fp32 inputs (tf32x3 there was 1.5 % slower on
         # an H200; fp16 tensor-core dots of two inputs 1 % slower than tf32: benchmarks/results/session12/). No bf16
         # dots: next to tf32 ones in this kernel they hit an illegal memory access on an H200 (Triton 3.6) while
-        # autotuning fp16 AMP training. fp16 inputs take 1.6-1.9x the GPU time of bf16 ones (the state dots)
+        # autotuning fp16 AMP training. fp16 inputs take 1.5-1.8x the GPU time of bf16 ones (the state dots)
         return dict(DOT_ST="tf32x3", DOT_RD="tf32x3", DOT_MID="tf32", DOT_IN="tf32", DOT_LO="tf32")
     return dict(DOT_ST="tf32x3", DOT_RD="tf32x3", DOT_MID="tf32", DOT_IN="tf32x3", DOT_LO="tf32")
 
