@@ -136,3 +136,85 @@ def test_launch_hooks_send_launches_through_triton():
         else:
             rt.launch_enter_hook = None
     assert not L._hooks_set()
+
+
+class _FakeKernel:
+    """What a compiled kernel offers the direct launch: run (Triton's launcher), function, packed_metadata."""
+
+    function = "cu-function"
+    packed_metadata = ("meta",)
+
+    def __init__(self):
+        self.runs = []
+
+    def run(self, *a):
+        self.runs.append(a)
+
+
+class _FakeJit:
+    """A JIT function's launch interface: fn[grid](*args, **kwargs) returns the compiled kernel (and counts)."""
+
+    def __init__(self, kernel_fn):
+        self.inner, _ = _triton_binder(kernel_fn)
+        self.params, self.__name__ = self.inner.params, "fake"
+        self.compiled = []
+
+    def __getitem__(self, grid):
+        def go(*args, **kwargs):
+            k = _FakeKernel()
+            self.compiled.append((grid, args, kwargs, k))
+            return k
+        return go
+
+
+def test_direct_launch_logic_with_a_cuda_stand_in(monkeypatch):
+    """The cache's logic off the GPU: CUDA tensors stood in for (is_cuda reports True), Triton's JIT function and
+    launcher replaced by recorders. The first launch of a specialisation goes through Triton; the next ones call the
+    kept kernel's launcher with the grid, the stream, the kernel's function and metadata, no hooks, every positional
+    argument and then the remaining parameters in the kernel's order; a new alignment, integer class or constexpr
+    goes through Triton again; a launch hook sends everything through Triton. The GPU suite runs the real thing."""
+
+    class CudaStandIn(torch.Tensor):
+        @property
+        def is_cuda(self):
+            return True
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1234, raising=False)
+    monkeypatch.setattr(L, "DIRECT", True)
+    monkeypatch.setattr(L, "CHECK", False)
+    fn = _FakeJit(to._bi_ssd_bwd_dt_kernel)
+    buf = torch.zeros(80)
+    x = buf[:64].as_subclass(CudaStandIn)
+    args = _dt_args(**{k: x for k in ("dt", "A", "bias", "dtb", "ddt", "ddtb", "scr", "part")})
+    kw = dict(DT_KW, num_warps=4)
+
+    first = L.launch(fn, (5, 2), args, kw)
+    assert len(fn.compiled) == 1 and fn.compiled[0][0] == (5, 2) and not first.runs
+    for _ in range(2):
+        assert L.launch(fn, (5, 2), args, kw) is first
+    assert len(fn.compiled) == 1 and len(first.runs) == 2
+    tail = tuple(kw[p.name] for p in fn.params[len(args):])
+    assert first.runs[0] == (5, 2, 1, 1234, "cu-function", ("meta",), None, None, None, *args, *tail)
+
+    # what Triton specialises differently gets its own kernel, through Triton
+    shifted = buf[1:65].as_subclass(CudaStandIn)
+    L.launch(fn, (5, 2), (shifted,) + args[1:], kw)
+    L.launch(fn, (5, 2), args[:8] + (17,) + args[9:], kw)
+    L.launch(fn, (5, 2), args, dict(kw, BLOCK_Q=32))
+    assert len(fn.compiled) == 4
+
+    # a launch hook: through Triton, every time
+    rt = triton.knobs.runtime
+    hook = lambda *a: None  # noqa: E731
+    rt.launch_enter_hook.add(hook)
+    try:
+        L.launch(fn, (5, 2), args, kw)
+    finally:
+        rt.launch_enter_hook.remove(hook)
+    assert len(fn.compiled) == 5 and len(first.runs) == 2
+
+    # an argument the key cannot describe: never kept
+    L.launch(fn, (5, 2), args[:10] + ((1, 2),) + args[11:], kw)
+    L.launch(fn, (5, 2), args[:10] + ((1, 2),) + args[11:], kw)
+    assert len(fn.compiled) == 7

@@ -63,11 +63,16 @@ def _hook_active(hook) -> bool:
     return hook is not None and (not hasattr(hook, "calls") or bool(hook.calls))
 
 
+_runtime_knobs = []  # triton.knobs.runtime, looked up once
+
+
 def _hooks_set() -> bool:
     """A launch hook is set (Triton's profilers): such launches go through Triton, which calls it."""
-    import triton
+    if not _runtime_knobs:
+        import triton
 
-    rt = getattr(getattr(triton, "knobs", None), "runtime", None)
+        _runtime_knobs.append(getattr(getattr(triton, "knobs", None), "runtime", None))
+    rt = _runtime_knobs[0]
     return rt is None or _hook_active(rt.launch_enter_hook) or _hook_active(rt.launch_exit_hook)
 
 
@@ -79,10 +84,12 @@ def launch(fn, grid, args, kwargs):
         device = torch.cuda.current_device()
         sig = tuple(map(_arg_key, args))
         if _Uncached not in sig:
-            key = (fn, device, tuple(kwargs.items()), sig)
+            # the kernel by identity (hashing a JITFunction hashes its source key: microseconds per launch); the
+            # entry holds the function, so its id is not reused while the entry lives
+            key = (id(fn), device, tuple(kwargs.items()), sig)
             kept = _kept.get(key)
-            if kept is not None and not _hooks_set():
-                kernel, tail, spec = kept
+            if kept is not None and kept[0] is fn and not _hooks_set():
+                _fn, kernel, tail, spec = kept
                 if CHECK and _triton_specialization(fn, device, args, kwargs) != spec:
                     raise RuntimeError(f"direct launch of {fn.__name__}: Triton specialises these arguments "
                                        f"differently from the kept kernel")
@@ -98,7 +105,7 @@ def launch(fn, grid, args, kwargs):
         if len(_kept) >= _CACHE_MAX:
             _kept.clear()
         spec = _triton_specialization(fn, device, args, kwargs) if CHECK else None
-        _kept[key] = (kernel, _tail(fn, len(args), kwargs), spec)
+        _kept[key] = (fn, kernel, _tail(fn, len(args), kwargs), spec)
     return kernel
 
 
