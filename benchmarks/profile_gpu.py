@@ -309,7 +309,7 @@ def main():
     ap.add_argument("--shapes", default="", help="kernels: shape names, comma separated (default all)")
     ap.add_argument("--dtype", default="bf16", choices=list(_DTYPES), help="kernels: the inputs' dtype")
     ap.add_argument("--models", default="yolov8n-bimamba.yaml,yolov8n.yaml")
-    ap.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
+    ap.add_argument("--precision", default="bf16", choices=list(_DTYPES))
     ap.add_argument("--host-shape", default="32,400,4,64,64", help="host: b,L,h,p,n")
     args = ap.parse_args()
     res = {"kernels": kernels, "model": model, "host": host}[args.what](args)

@@ -35,12 +35,13 @@ class _Uncached:
 
 
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_SCALAR_TYPES = (int, float, bool, type(None))  # never tensors: no isinstance check for them
 
 
 def _arg_key(a):
     """What Triton may specialise an argument on (exact types first: this runs for every argument of every launch)."""
     cls = type(a)
-    if cls in _TENSOR_TYPES or (cls is not bool and cls is not int and isinstance(a, torch.Tensor)):
+    if cls in _TENSOR_TYPES or (cls not in _SCALAR_TYPES and isinstance(a, torch.Tensor)):
         return a.dtype, not a.data_ptr() & 15
     if cls is int:
         return a == 1, not a & 15, -(1 << 31) <= a < (1 << 31), a < (1 << 63)
