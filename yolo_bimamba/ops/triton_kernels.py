@@ -19,7 +19,7 @@ blocks of the forward kernel's config). The reverse direction is index arithmeti
 tensor. Hydra's shift (shift=True) is an offset of the C rows that are loaded (C[t-1] for the causal, C_bwd[t+1] for
 the anti-causal direction) and a strict mask.
 
-Backward, four kernels:
+Backward, three kernels (and the state kernel):
   _bi_ssd_bwd_kernel, the state terms (pairs across chunks), one program per (batch * head, segment) with the
     whole headdim, two passes over its chunks:
     A (reverse walk): causal state gradient dS_f, anti-causal state S_b -> their dx, dB_f, dC_b terms;
@@ -32,15 +32,16 @@ Backward, four kernels:
     one per direction (DO_F / DO_B), the second adding to the first's dx (and dB, dC when the directions share
     them, ACC=True), or as one (triton_op._split_directions); the sum stays ordered, so results are bitwise
     reproducible. dD comes from per-(batch, head, segment) partials of the first launch.
-  _bi_ssd_bwd_pairs_kernel, the pairs inside a chunk, one program per (batch * head, chunk): no state, so all
-    chunks run in parallel. The in-chunk pair tiles were most of the registers of the one backward kernel there was
-    before (255 and spills on sm_90 at headdim = d_state = 32; apart, neither kernel spills). It adds its terms to
-    dx, dB, dC and the scratch, and writes the in-chunk pairs' share of the log-decay gradients as finished
-    per-position values (a local telescoping of one pair tile's row and column sums). It must cut the sequence into
-    the chunks of the segment kernel (its BLOCK_Q).
+  _bi_ssd_bwd_pairs_kernel, the pairs inside a chunk, one program per (batch * group, chunk), walking the group's
+    heads: no state, so all chunks run in parallel. The in-chunk pair tiles were most of the registers of the one
+    backward kernel there was before (255 and spills on sm_90 at headdim = d_state = 32; apart, neither kernel
+    spills). It adds its terms to dx and the scratch, writes the in-chunk pairs' share of the log-decay gradients as
+    finished per-position values (a local telescoping of one pair tile's row and column sums), and stores dB, dC:
+    with ngroups < nheads the segment kernel writes them per head (fp32) and
+    this kernel sums them over each group's heads, in head order, in fp32, with C B^T computed once per group. It
+    must cut the sequence into the chunks of the segment kernel (its BLOCK_Q).
   _bi_ssd_bwd_dt_kernel (pass C, per (batch * head)) reverse-sums the scratch -> ddt, and per-(batch, head) partial
     sums of dA, d(dt_bias).
-  With ngroups < nheads, dB and dC are per-head fp32 buffers that _bi_ssd_fold_kernel sums over each group's heads.
 With shift=True the backward works in the unshifted frame: y_f[t] = z_f[t-1] and y_b[t] = z_b[t+1], so the output
 gradient of each direction is dy loaded at offset +1 / -1.
 
@@ -587,10 +588,15 @@ def _dir_chunk(raw_dt, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs
     dtv, a, cs, last, tail = _decay_of_raw(raw_dt.to(COMPUTE), bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
     Bv = tl.load(B_ptr + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
     Cv = tl.load(C_ptr + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+    return dtv, a, cs, last, tail, Bv, Cv, _dz_tile(dy_ptr, rows, mrow, offs_p, mask_p, L, xstride, DZ_SHIFT, COMPUTE)
+
+
+@triton.jit
+def _dz_tile(dy_ptr, rows, mrow, offs_p, mask_p, L, xstride, DZ_SHIFT: tl.constexpr, COMPUTE: tl.constexpr):
+    """The gradient dz of a direction's unshifted output at rows: dy at rows + DZ_SHIFT (see _ahead_in), 0 outside."""
     r = rows + DZ_SHIFT
     m_z = (mrow & (r >= 0) & (r < L))[:, None] & mask_p[None, :]
-    dz = tl.load(dy_ptr + r[:, None] * xstride + offs_p[None, :], mask=m_z, other=0.0).to(COMPUTE)
-    return dtv, a, cs, last, tail, Bv, Cv, dz
+    return tl.load(dy_ptr + r[:, None] * xstride + offs_p[None, :], mask=m_z, other=0.0).to(COMPUTE)
 
 
 @triton.jit
@@ -676,7 +682,7 @@ def _bi_ssd_bwd_kernel(
     xo = b64 * L * H * P + hidx * P  # x, dy, dx
     dto = b64 * L * H + hidx  # dt, ddt
     bco = b64 * L * G * N + gidx * N  # inputs B, C
-    if GRAD_PER_HEAD:  # fp32 per-head buffers, reduced over the group afterwards
+    if GRAD_PER_HEAD:  # per-head buffers, summed over the group by the pairs kernel
         GS = H
         go = b64 * L * H * N + hidx * N
     else:
@@ -876,14 +882,14 @@ def _bi_ssd_bwd_kernel(
 
 
 @triton.jit
-def _chunk_pairs(xv, dtv, a, cs, Bv, Cv, dz, tt, ss, MODE: tl.constexpr, DOT_MID: tl.constexpr,
+def _chunk_pairs(xv, dtv, a, cs, Bv, Cv, CB, cb_diag, dz, tt, ss, MODE: tl.constexpr, DOT_MID: tl.constexpr,
                  DOT_IN: tl.constexpr, DOT_LO: tl.constexpr):
     """Gradients through the pairs (t, s) inside one chunk of one direction: MODE 0 causal (s <= t), 1 anti-causal
     (s >= t), 2 both in one tile (SHARE, _pair_decay). Returns the dx term, dB, dC, the direct ddt term and the
     per-position log-decay gradient of those pairs (da_j: a local telescoping of one pair tile's row and column sums).
     The diagonal (s == t) term does not depend on the decays and is kept out of da (where it would cancel only up to
-    rounding)."""
-    CB = _dot(Cv, tl.trans(Bv), DOT_IN)
+    rounding). CB = C B^T (DOT_IN) and cb_diag = its diagonal (sum(C * B, 1)) come from the caller: they are the same
+    for every head of a group."""
     if MODE == 2:
         dec = _pair_decay(cs, a, tt, ss)
         offd = tt != ss
@@ -897,7 +903,7 @@ def _chunk_pairs(xv, dtv, a, cs, Bv, Cv, dz, tt, ss, MODE: tl.constexpr, DOT_MID
         dec = tl.exp(tl.where(ss >= tt, csx[None, :] - csx[:, None], float("-inf")))
         offd = ss > tt
         ndiag = 1.0
-    diag = tl.sum(Cv * Bv, 1) * ndiag
+    diag = cb_diag * ndiag
     u = _dot(tl.trans(tl.where(offd, CB * dec, 0.0)), dz, DOT_MID) + diag[:, None] * dz
     # (dz_t . x_s) decay(t, s): two loaded inputs (DOT_IN); it also gives the pair terms of da below
     M = _dot(dz, tl.trans(xv), DOT_IN) * dec
@@ -921,68 +927,104 @@ def _chunk_pairs(xv, dtv, a, cs, Bv, Cv, dz, tt, ss, MODE: tl.constexpr, DOT_MID
 @triton.jit
 def _bi_ssd_bwd_pairs_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, dy_ptr,
-    dx_ptr, dB_ptr, dC_ptr, dBb_ptr, dCb_ptr, scr_ptr,
+    dx_ptr, dB_ptr, dC_ptr, dBb_ptr, dCb_ptr, oB_ptr, oC_ptr, oBb_ptr, oCb_ptr, scr_ptr,
     L, H, G, dt_lo, dt_hi,
     P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SEPARATE: tl.constexpr, SHARE: tl.constexpr,
     HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, GRAD_PER_HEAD: tl.constexpr, COMPUTE: tl.constexpr,
     DOT_MID: tl.constexpr, DOT_IN: tl.constexpr, DOT_LO: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
-    """The backward's in-chunk pairs, one program per (batch * head, chunk): no state, so every chunk runs in
-    parallel. It adds to dx, dB, dC (dBb, dCb) and the scratch's ddt slots what _bi_ssd_bwd_kernel (same BLOCK_Q: the
-    same chunks) wrote, and writes the in-chunk log-decay gradients (slot 5; slot 2 added to)."""
+    """The backward's in-chunk pairs, one program per (batch * group, chunk): no state, so every chunk runs in
+    parallel. It walks the group's heads in order; for each it adds to dx and the scratch's ddt slots what
+    _bi_ssd_bwd_kernel (same BLOCK_Q: the same chunks) wrote, writes the in-chunk log-decay gradients (slot 5; slot 2
+    added to), and adds the head's dB, dC (the segment kernel's, dB_ptr / dC_ptr, plus its in-chunk terms) to the
+    group's sums, which it stores into oB, oC (oBb, oCb) in their dtype: the per-head buffers (GRAD_PER_HEAD) are
+    summed over each group's heads here, in head order, without a kernel of their own. With ngroups == nheads a group
+    is one head, and the partial and the output may be one tensor (each row is read before it is written)."""
     pid = tl.program_id(0)
     c = tl.program_id(1)
-    hidx, gidx, b64 = _head_coords(pid, H, G)
+    gidx = pid % G
+    b64 = (pid // G).to(tl.int64)
+    R = H // G
 
     offs_q, offs_p, offs_n, mask_p, mask_n = _tile_offsets(0, P, N, BLOCK_Q, BLOCK_P, BLOCK_N)
     tt = offs_q[:, None]
     ss = offs_q[None, :]
-    xo = b64 * L * H * P + hidx * P
-    dto = b64 * L * H + hidx
     bco = b64 * L * G * N + gidx * N
-    if GRAD_PER_HEAD:
-        GS = H
-        go = b64 * L * H * N + hidx * N
-    else:
-        GS = G
-        go = bco
-    so = pid.to(tl.int64) * 6 * L
-    _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
     xstride = H * P
-    rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, G * N, BLOCK_Q)
-    g_off = go + rows[:, None] * (GS * N) + offs_n[None, :]
-    xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-    dxv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)
-    dBv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
-    dCv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
+    rows, mrow, m_xp, m_bn, _xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, G * N,
+                                                          BLOCK_Q)
+    o_off = bco + bn_off  # the group's rows of the outputs
+    sumB = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
+    sumC = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
+    sumBb = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
+    sumCb = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
+    # B, C and C B^T of the group's chunk: the same for each of its heads
     if DO_F:
-        dtf, af, csf, _lf, _tf, Bf, Cf, dzf = _dir_chunk(
-            _dt_rows(dt_ptr + dto, rows, L, H), B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q,
-            offs_p, mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, 1 if SHIFT else 0, SOFTPLUS, COMPUTE, BLOCK_Q)
-        dxv, dBv, dCv, ddt_f, da_f = _chunk_pairs(xv, dtf, af, csf, Bf, Cf, dzf, tt, ss, 2 if SHARE else 0,
-                                                  DOT_MID, DOT_IN, DOT_LO)
-        _add_rows(scr_ptr + so + L + rows, ddt_f, mrow)
-        tl.store(scr_ptr + so + 5 * L + rows, da_f, mask=mrow)
-    if DO_B and not SHARE:  # (with SHARE the causal direction's tile held both)
-        dtb, ab, csb, _lb, _tb, Bbv, Cbv, dzb = _dir_chunk(
-            _dt_rows(dtb_ptr + dto, rows, L, H), Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow,
-            offs_q, offs_p, mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, -1 if SHIFT else 0, SOFTPLUS, COMPUTE,
-            BLOCK_Q)
-        dxb, dBb, dCb, ddt_b, da_b = _chunk_pairs(xv, dtb, ab, csb, Bbv, Cbv, dzb, tt, ss, 1, DOT_MID, DOT_IN, DOT_LO)
-        dxv += dxb
-        _add_rows(scr_ptr + so + 4 * L + rows, ddt_b, mrow)
-        _add_rows(scr_ptr + so + 2 * L + rows, da_b, mrow)
-        if SEPARATE:
-            _add_rows(dBb_ptr + g_off, dBb, m_bn)
-            _add_rows(dCb_ptr + g_off, dCb, m_bn)
+        Bf = tl.load(B_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+        Cf = tl.load(C_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+        CBf = _dot(Cf, tl.trans(Bf), DOT_IN)
+        cbf = tl.sum(Cf * Bf, 1)
+    if DO_B and not SHARE:
+        Bbv = tl.load(Bb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+        Cbv = tl.load(Cb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+        CBb = _dot(Cbv, tl.trans(Bbv), DOT_IN)
+        cbb = tl.sum(Cbv * Bbv, 1)
+    for j in range(0, R):
+        hidx = gidx * R + j
+        xo = b64 * L * H * P + hidx * P
+        xy_off = xo + rows[:, None] * xstride + offs_p[None, :]
+        dto = b64 * L * H + hidx
+        if GRAD_PER_HEAD:
+            g_off = b64 * L * H * N + hidx * N + rows[:, None] * (H * N) + offs_n[None, :]
         else:
-            dBv += dBb
-            dCv += dCb
-    _add_rows(dx_ptr + xo + xy_off, dxv, m_xp)
+            g_off = o_off
+        so = (b64 * H + hidx) * 6 * L
+        _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
+        xv = tl.load(x_ptr + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+        dxv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)
+        dBv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
+        dCv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
+        if DO_F:
+            dtf, af, csf, _lf, _tf = _decay_of_raw(_dt_rows(dt_ptr + dto, rows, L, H).to(COMPUTE), bias, A_h, mrow,
+                                                   offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
+            dzf = _dz_tile(dy_ptr + xo, rows, mrow, offs_p, mask_p, L, xstride, 1 if SHIFT else 0, COMPUTE)
+            dxv, dBv, dCv, ddt_f, da_f = _chunk_pairs(xv, dtf, af, csf, Bf, Cf, CBf, cbf, dzf, tt, ss,
+                                                      2 if SHARE else 0, DOT_MID, DOT_IN, DOT_LO)
+            _add_rows(scr_ptr + so + L + rows, ddt_f, mrow)
+            tl.store(scr_ptr + so + 5 * L + rows, da_f, mask=mrow)
+        if DO_B and not SHARE:  # (with SHARE the causal direction's tile held both)
+            dtb, ab, csb, _lb, _tb = _decay_of_raw(_dt_rows(dtb_ptr + dto, rows, L, H).to(COMPUTE), bias, A_h, mrow,
+                                                   offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
+            dzb = _dz_tile(dy_ptr + xo, rows, mrow, offs_p, mask_p, L, xstride, -1 if SHIFT else 0, COMPUTE)
+            dxb, dBb, dCb, ddt_b, da_b = _chunk_pairs(xv, dtb, ab, csb, Bbv, Cbv, CBb, cbb, dzb, tt, ss, 1, DOT_MID,
+                                                      DOT_IN, DOT_LO)
+            dxv += dxb
+            _add_rows(scr_ptr + so + 4 * L + rows, ddt_b, mrow)
+            _add_rows(scr_ptr + so + 2 * L + rows, da_b, mrow)
+            if SEPARATE:
+                sumBb += _head_sum(dBb_ptr + g_off, dBb, m_bn)
+                sumCb += _head_sum(dCb_ptr + g_off, dCb, m_bn)
+            else:
+                dBv += dBb
+                dCv += dCb
+        _add_rows(dx_ptr + xy_off, dxv, m_xp)
+        if DO_F or not SEPARATE:
+            sumB += _head_sum(dB_ptr + g_off, dBv, m_bn)
+            sumC += _head_sum(dC_ptr + g_off, dCv, m_bn)
     if DO_F or not SEPARATE:
-        _add_rows(dB_ptr + g_off, dBv, m_bn)
-        _add_rows(dC_ptr + g_off, dCv, m_bn)
+        tl.store(oB_ptr + o_off, sumB.to(oB_ptr.dtype.element_ty), mask=m_bn)
+        tl.store(oC_ptr + o_off, sumC.to(oC_ptr.dtype.element_ty), mask=m_bn)
+    if DO_B and SEPARATE:
+        tl.store(oBb_ptr + o_off, sumBb.to(oBb_ptr.dtype.element_ty), mask=m_bn)
+        tl.store(oCb_ptr + o_off, sumCb.to(oCb_ptr.dtype.element_ty), mask=m_bn)
+
+
+@triton.jit
+def _head_sum(ptrs, v, mask):
+    """A head's total of a dB or dC tile: its segment-kernel partial (ptrs, as stored) plus its in-chunk terms v, in
+    the partial's dtype (what storing old + v would have kept)."""
+    return (tl.load(ptrs, mask=mask, other=0.0).to(v.dtype) + v).to(ptrs.dtype.element_ty).to(v.dtype)
 
 
 @triton.jit
@@ -1050,26 +1092,3 @@ def _bi_ssd_bwd_dt_kernel(
     dA_tot = tl.where(A_raw < 0.0, tl.sum(dA_vec, 0), 0.0)  # as ops.reference.clamp_A
     tl.store(part_ptr + pid.to(tl.int64) * 2, dA_tot)
     tl.store(part_ptr + pid.to(tl.int64) * 2 + 1, tl.sum(dbias_vec, 0))
-
-
-@triton.jit
-def _bi_ssd_fold_kernel(src_ptr, dst_ptr, src2_ptr, dst2_ptr, ROWS, GN, N: tl.constexpr, R: tl.constexpr,
-                        BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Per-head dB, dC partials -> per-group gradients: dst[r, g, k] = sum_{j < R} src[r, g R + j, k] for the rows
-    r < ROWS (= batch * length) of src (ROWS, G R, N) and dst (ROWS, G, N), summed in head order (the same result on
-    every run), accumulated in src's dtype and stored in dst's. Program axis 2 picks (src, dst) or (src2, dst2)."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)  # g * N + k
-    m = (rows < ROWS)[:, None] & (cols < GN)[None, :]
-    r64 = rows.to(tl.int64)[:, None]
-    src_off = r64 * (GN * R) + (cols + (cols // N) * ((R - 1) * N))[None, :]
-    if tl.program_id(2) == 0:
-        src = src_ptr
-        dst = dst_ptr
-    else:
-        src = src2_ptr
-        dst = dst2_ptr
-    acc = tl.load(src + src_off, mask=m, other=0.0)
-    for j in range(1, R):
-        acc += tl.load(src + src_off + j * N, mask=m, other=0.0)
-    tl.store(dst + r64 * GN + cols[None, :], acc.to(dst.dtype.element_ty), mask=m)

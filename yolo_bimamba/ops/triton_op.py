@@ -2,8 +2,8 @@
 
 Forward: a state kernel (segment-boundary states; skipped when the sequence is one segment) and one forward
 launch. Backward: a state kernel, one segment-kernel launch per direction (or one for both, ``split=False``) for the
-state terms, the in-chunk pairs kernel, the pass-C kernel, with ngroups < nheads the fold of the per-head dB, dC
-into groups, plus a few tiny reductions over the batch in torch. On CUDA the kernels are autotuned over
+state terms, the in-chunk pairs kernel (which also sums the per-head dB, dC over each group's heads when ngroups <
+nheads), the pass-C kernel, plus a few tiny reductions over the batch in torch. On CUDA the kernels are autotuned over
 :data:`FWD_CONFIGS` / :data:`BWD_CONFIGS` / :data:`STATE_CONFIGS` / :data:`PAIRS_CONFIGS` (``YOLO_BIMAMBA_AUTOTUNE=0``:
 no autotuning, :func:`default_config`); under the Triton
 interpreter (``TRITON_INTERPRET=1``, CPU tensors) the default configs run unless one is forced with
@@ -21,7 +21,7 @@ import triton
 
 from .triton_kernels import (
     BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS, _bi_ssd_bwd_dt_kernel,
-    _bi_ssd_bwd_kernel, _bi_ssd_bwd_pairs_kernel, _bi_ssd_fold_kernel, _bi_ssd_fwd_kernel, _bi_ssd_fwd_pairs_kernel,
+    _bi_ssd_bwd_kernel, _bi_ssd_bwd_pairs_kernel, _bi_ssd_fwd_kernel, _bi_ssd_fwd_pairs_kernel,
     _bi_ssd_state_kernel,
     prune_bwd_configs,
 )
@@ -71,8 +71,6 @@ def default_config(which, kwargs) -> int:
         return DEFAULT_PAIRS_Q64_SMALL if max(kwargs["P"], kwargs["N"]) <= 32 else DEFAULT_PAIRS_Q64
     return DEFAULT_CONFIGS[which]
 
-
-FOLD_ROWS = 32  # rows (batch * length) per program of the per-head dB, dC fold
 
 # test hook (interpreter only): run the autotuners, timed on the CPU, instead of the default configs
 _TUNE_IN_INTERPRETER = False
@@ -384,7 +382,8 @@ class _BiSSDFn(torch.autograd.Function):
         dC = _alloc(gshape, gdt, dev)
         if separate:
             ddtb = _alloc(dt.shape, dt_bwd.dtype, dev)
-            # two launches: the backward direction's dB, dC are allocated after the forward direction's were folded
+            # two launches: the backward direction's dB, dC are allocated after the forward direction's were summed
+            # into its gradients
             dBb, dCb = (None, None) if split else (_alloc(gshape, gdt, dev), _alloc(gshape, gdt, dev))
         else:
             ddtb, dBb, dCb = ddt, dB, dC
@@ -404,14 +403,12 @@ class _BiSSDFn(torch.autograd.Function):
 
         dots = _dot_precisions(x)
 
-        def fold(tB, tC, likeB, likeC):  # per-head fp32 partials -> per-group gradients in the inputs' dtypes
-            if not per_head:
-                return tB.to(likeB.dtype), tC.to(likeC.dtype)
-            outB, outC = _alloc(likeB.shape, likeB.dtype, dev), _alloc(likeC.shape, likeC.dtype, dev)
-            bk = min(128, 1 << (g * n - 1).bit_length())
-            launch(_bi_ssd_fold_kernel, (_cdiv(b * l, FOLD_ROWS), _cdiv(g * n, bk), 2),
-                   (tB, outB, tC, outC, b * l, g * n), dict(N=n, R=h // g, BLOCK_R=FOLD_ROWS, BLOCK_K=bk))
-            return outB, outC
+        def outputs(tB, tC, likeB, likeC):
+            # what the pairs kernel stores the gradients into (the per-head buffers summed over each group's heads):
+            # with one head per group, the segment kernel's buffers themselves where they have the inputs' dtypes
+            if not per_head and tB.dtype == likeB.dtype and tC.dtype == likeC.dtype:
+                return tB, tC
+            return _alloc(likeB.shape, likeB.dtype, dev), _alloc(likeC.shape, likeC.dtype, dev)
 
         kwargs = dict(
             P=p, N=n, BLOCK_P=kernel_tile(p), BLOCK_N=kernel_tile(n), SEPARATE=separate,
@@ -424,40 +421,42 @@ class _BiSSDFn(torch.autograd.Function):
         pkw = {k: v for k, v in kwargs.items() if k not in ("HAS_D", "D_PER_P", "DOT_ST", "DOT_RD")}
         pkw.update(DOT_MID=dots["DOT_MID"], DOT_IN=dots["DOT_IN"])
 
-        def pairs(used, gB, gC, gBb, gCb, **flags):
-            # the in-chunk pairs, after the segment kernel of the same directions, in the same chunks (its BLOCK_Q)
+        def pairs(used, gB, gC, gBb, gCb, oB, oC, oBb, oCb, **flags):
+            # the in-chunk pairs, after the segment kernel of the same directions, in the same chunks (its BLOCK_Q);
+            # one program per (batch * group, chunk)
             q = _chunk_tile(used, "backward")[0]
-            _launch(_bi_ssd_bwd_pairs_kernel, _pairs_tuned, PAIRS_CONFIGS, "pairs", lambda meta: (b * h, _cdiv(l, q)),
-                    (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, dx, gB, gC, gBb, gCb, scr, l, h, g, lo, hi),
+            _launch(_bi_ssd_bwd_pairs_kernel, _pairs_tuned, PAIRS_CONFIGS, "pairs", lambda meta: (b * g, _cdiv(l, q)),
+                    (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, dx, gB, gC, gBb, gCb, oB, oC, oBb, oCb, scr, l, h, g,
+                     lo, hi),
                     {**pkw, **flags, "BLOCK_Q": q})
 
+        gB, gC = outputs(dB, dC, B, C)
         if split and separate:
-            # Hydra mode in two launches: each direction has its own dB, dC (per head in fp32 when ngroups < nheads,
-            # the largest buffers of the backward); the first direction's are folded and freed before the second
-            # direction's are allocated, so at most two of the four exist at a time. A launch never touches the
-            # other direction's dB, dC: their arguments are placeholders.
+            # Hydra mode in two launches: each direction has its own dB, dC (per head when ngroups < nheads, the
+            # largest buffers of the backward); the first direction's are summed into its gradients and freed
+            # before the second direction's are allocated, so at most two of the four exist at a time. A launch never
+            # touches the other direction's dB, dC: their arguments are placeholders.
             used = bwd(args(dB, dC, dB, dC), {**kwargs, "DO_B": False, "ACC": False})
-            pairs(used, dB, dC, dB, dC, DO_B=False)
-            gB, gC = fold(dB, dC, B, C)
+            pairs(used, dB, dC, dB, dC, gB, gC, gB, gC, DO_B=False)
             del dB, dC
             dBb, dCb = _alloc(gshape, gdt, dev), _alloc(gshape, gdt, dev)
+            gBb, gCb = outputs(dBb, dCb, B_bwd, C_bwd)
             used = bwd(args(dBb, dCb, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True})
-            pairs(used, dBb, dCb, dBb, dCb, DO_F=False)
-        elif split:
-            used = bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_B": False, "ACC": False})
-            # one pairs launch does both directions' in-chunk pairs (with SHARE in one tile), in the chunks of both
-            # segment launches: the second runs the first's config (the autotuner would time each launch alone and
-            # could pick another BLOCK_Q for each)
-            bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True}, cfg=used)
-            pairs(used, dB, dC, dBb, dCb)
+            pairs(used, dBb, dCb, dBb, dCb, gBb, gCb, gBb, gCb, DO_F=False)
         else:
-            used = bwd(args(dB, dC, dBb, dCb), {**kwargs, "ACC": False})
-            pairs(used, dB, dC, dBb, dCb)
+            gBb, gCb = outputs(dBb, dCb, B_bwd, C_bwd) if separate else (gB, gC)
+            if split:
+                used = bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_B": False, "ACC": False})
+                # one pairs launch does both directions' in-chunk pairs (with SHARE in one tile), in the chunks of both
+                # segment launches: the second runs the first's config (the autotuner would time each launch alone
+                # and could pick another BLOCK_Q for each)
+                bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True}, cfg=used)
+            else:
+                used = bwd(args(dB, dC, dBb, dCb), {**kwargs, "ACC": False})
+            pairs(used, dB, dC, dBb, dCb, gB, gC, gBb, gCb)
         launch(_bi_ssd_bwd_dt_kernel, (b * h,), (dt, A, bias_arg, dtb, ddt, ddtb, scr, part, l, h, lo, hi),
                dict(DO_F=do_f, DO_B=do_b, SEPARATE=separate, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
                     COMPUTE=compute_dtype(x.dtype), BLOCK_Q=PASS_C_ROWS))
-        if not (split and separate):
-            gB, gC = fold(dB, dC, B, C)
 
         tot = part.sum(0)  # (h, 2)
         dA = tot[:, 0].to(A.dtype)
@@ -468,7 +467,7 @@ class _BiSSDFn(torch.autograd.Function):
             dD = (tot_d if D.dim() == 2 else tot_d.sum(1)).to(D.dtype)
         grads = [dx.to(x.dtype), ddt, dA, gB, gC, dD, ddt_bias]
         if separate:
-            grads += [ddtb, *fold(dBb, dCb, B_bwd, C_bwd)]
+            grads += [ddtb, gBb, gCb]
         else:
             grads += [None, None, None]
         return (*grads, None)
