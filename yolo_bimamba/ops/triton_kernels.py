@@ -37,7 +37,7 @@ Backward, three kernels (and the state kernel):
     backward kernel there was before (255 and spills on sm_90 at headdim = d_state = 32; apart, neither kernel
     spills). It adds its terms to dx and the scratch, writes the in-chunk pairs' share of the log-decay gradients as
     finished per-position values (a local telescoping of one pair tile's row and column sums), and stores dB, dC:
-    with ngroups < nheads the segment kernel writes them per head (fp32) and
+    with ngroups < nheads the segment kernel writes them per head (in the dtype of dx: bf16 for bf16 inputs) and
     this kernel sums them over each group's heads, in head order, in fp32, with C B^T computed once per group. It
     must cut the sequence into the chunks of the segment kernel (its BLOCK_Q).
   _bi_ssd_bwd_dt_kernel (pass C, per (batch * head)) reverse-sums the scratch -> ddt, and per-(batch, head) partial

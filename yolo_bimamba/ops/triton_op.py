@@ -369,7 +369,10 @@ class _BiSSDFn(torch.autograd.Function):
         separate = dt_bwd is not None
         dtb, Bb, Cb = (dt_bwd, B_bwd, C_bwd) if separate else (dt, B, C)
         per_head = g != h
-        gdt = torch.float32 if per_head and B.dtype != torch.float64 else _acc_dtype(B.dtype)
+        # the segment kernel's dB, dC: per head when ngroups < nheads (the pairs kernel sums them over each group's
+        # heads in fp32), in the dtype of the buffers that are read back and added to (bf16 for bf16 inputs, as y and
+        # dx; fp32 for fp16 ones)
+        gdt = _acc_dtype(B.dtype)
         gshape = (b, l, h, n) if per_head else (b, l, g, n)
         share = _shares(ctx.opts, separate)
         split = _forced["split"]
