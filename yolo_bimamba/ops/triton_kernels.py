@@ -7,8 +7,9 @@ tuning parameter only: the result does not depend on it (up to rounding).
 Segments: the sequence is cut into segments of SEG rows (a whole number of chunks of every config; chosen by
 triton_op.segment_rows for about 2 programs per SM) that run in parallel. The state kernel
 (_bi_ssd_state_kernel, one program per (batch * head, headdim block, state kind)) walks the chunks once and
-stores the states at the segment boundaries: S_f, S_b for the forward; S_f, dS_b, dS_f, S_b for the backward.
-With one segment no state kernel runs and the segment kernels start from zeros.
+stores the states at the segment boundaries: S_f, S_b in the forward, which the backward reuses (when a gradient
+is wanted, the forward computes them at the backward's precision, DOT_ST), and the state gradients dS_b, dS_f in the
+backward. With one segment no state kernel runs and the segment kernels start from zeros.
 
 Forward, two kernels: _bi_ssd_fwd_kernel, one program per (batch * head, block of headdim, segment), does the
 state terms (pairs across chunks) and D x. It walks its chunks forward (causal pass) with the state S (d_state x
@@ -524,15 +525,15 @@ def _bi_ssd_state_kernel(
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
     COMPUTE: tl.constexpr, DOT_ST: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
-    """Segment-boundary states: program (batch * head, headdim block, slot).
-    GRAD (backward): 4 slots, slot = MODE of :func:`_state_walk`; st has shape (b * h, 4, nseg, N, P).
-    not GRAD (forward): 2 slots, S_f (MODE 0) and S_b (MODE 3); st has shape (b * h, 2, nseg, N, P)."""
+    """Segment-boundary states: program (batch * head, headdim block, slot); st has shape (b * h, 2, nseg, N, P).
+    not GRAD (forward): S_f (MODE 0 of :func:`_state_walk`) and S_b (MODE 3), which the backward reads too;
+    GRAD (backward): the state gradients dS_b (MODE 1) and dS_f (MODE 2)."""
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
     slot = tl.program_id(2)
-    NSLOT: tl.constexpr = 4 if GRAD else 2
+    NSLOT: tl.constexpr = 2
     if GRAD:
-        kind = slot
+        kind = slot + 1
     else:
         kind = slot * 3
     hidx, gidx, b64 = _head_coords(pid_bh, H, G)
@@ -662,7 +663,7 @@ def _x_in(x_n, x_ptr, xy_off, m_xp, COMPUTE: tl.constexpr, AHEAD: tl.constexpr):
 @triton.jit
 def _bi_ssd_bwd_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, dy_ptr,
-    dx_ptr, dB_ptr, dC_ptr, ddt_ptr, dBb_ptr, dCb_ptr, ddtb_ptr, scr_ptr, part_ptr, st_ptr,
+    dx_ptr, dB_ptr, dC_ptr, ddt_ptr, dBb_ptr, dCb_ptr, ddtb_ptr, scr_ptr, part_ptr, st_ptr, gst_ptr,
     L, H, G, SEG, dt_lo, dt_hi,
     P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SEPARATE: tl.constexpr, SHARE: tl.constexpr,
@@ -701,21 +702,22 @@ def _bi_ssd_bwd_kernel(
     gstride = GS * N
     SH_F: tl.constexpr = 1 if SHIFT else 0
     SH_B: tl.constexpr = -1 if SHIFT else 0
-    # this program's rows: chunks [c0, c1) = segment seg; the states at its ends come from the state kernel
+    # this program's rows: chunks [c0, c1) = segment seg; the states at its ends: st holds the forward's S_f, S_b,
+    # gst the backward state kernel's dS_b, dS_f, both (b*h, 2, nseg, N, P)
     nseg = tl.cdiv(L, SEG)
     c0 = seg * (SEG // BLOCK_Q)
     c1 = tl.minimum(tl.cdiv(L, BLOCK_Q), c0 + SEG // BLOCK_Q)
-    st_off = (pid.to(tl.int64) * 4 * nseg + seg) * (N * P) + offs_n[:, None] * P + offs_p[None, :]
+    st_off = (pid.to(tl.int64) * 2 * nseg + seg) * (N * P) + offs_n[:, None] * P + offs_p[None, :]
     KSTRIDE = nseg * (N * P)
     m_st = mask_n[:, None] & mask_p[None, :]
 
     # ------------------------------------------------------------------ pass A (reverse walk)
     if DO_F:  # grad of the causal state leaving a chunk
-        dS = tl.load(st_ptr + st_off + 2 * KSTRIDE, mask=m_st, other=0.0)
+        dS = tl.load(gst_ptr + st_off + KSTRIDE, mask=m_st, other=0.0)
     else:
         dS = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     if DO_B:  # anti-causal state entering a chunk (from the right)
-        Sb = tl.load(st_ptr + st_off + 3 * KSTRIDE, mask=m_st, other=0.0)
+        Sb = tl.load(st_ptr + st_off + KSTRIDE, mask=m_st, other=0.0)
     else:
         Sb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     dD_acc = tl.zeros((BLOCK_P,), dtype=COMPUTE)
@@ -805,7 +807,7 @@ def _bi_ssd_bwd_kernel(
     else:
         S = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     if DO_B:  # grad of the anti-causal state of earlier chunks
-        dSb = tl.load(st_ptr + st_off + KSTRIDE, mask=m_st, other=0.0)
+        dSb = tl.load(gst_ptr + st_off, mask=m_st, other=0.0)
     else:
         dSb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     rows_n = c0 * BLOCK_Q + offs_q

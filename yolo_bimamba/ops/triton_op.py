@@ -276,27 +276,28 @@ def _zero_states(shape, dtype, device):
     return buf[:numel].view(shape)
 
 
-def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias):
-    """(segment rows, number of segments, states at the segment boundaries).
+def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias, seg=None, exact=False):
+    """(segment rows, number of segments, states at the segment boundaries), shape (b*h, 2, nseg, n, p).
 
-    dy None (forward): slots S_f, S_b, shape (b*h, 2, nseg, n, p). dy given (backward): slots S_f, dS_b, dS_f, S_b,
-    shape (b*h, 4, nseg, n, p). One segment starts from zero states (no state kernel launch)."""
+    dy None (forward): S_f, S_b; dy given (backward): dS_b, dS_f. One segment starts from zero states (no state
+    kernel launch). ``seg``: the forward's segment rows (the backward's must be the same); ``exact``: a forward whose
+    states the backward will read, at the backward's precision."""
     dt_softplus, lo, hi, do_f, do_b, shift = opts
     b, l, h, p = x.shape
     g, n = B.shape[2], B.shape[3]
     grad = dy is not None
     cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
-    seg = segment_rows(b, h, l, x.device)
+    if seg is None:
+        seg = segment_rows(b, h, l, x.device)
     nseg = _cdiv(l, seg)
-    nslot = 4 if grad else 2
     if nseg == 1:
-        return seg, 1, _zero_states((b * h, nslot, 1, n, p), cdt, x.device)
-    st = _alloc((b * h, nslot, nseg, n, p), cdt, x.device)
-    # the backward's state walks feed the log-decay gradients; the forward's dots keep Triton's default (tf32), as the
-    # forward kernel's do (see the triton_kernels docstring)
-    prec = _dot_precisions(x)["DOT_ST"] if grad or x.dtype == torch.float64 else "tf32"
+        return seg, 1, _zero_states((b * h, 2, 1, n, p), cdt, x.device)
+    st = _alloc((b * h, 2, nseg, n, p), cdt, x.device)
+    # the states feed the backward's log-decay gradients, which need DOT_ST's accuracy; a forward-only call's dots keep
+    # Triton's default (tf32), as the forward kernel's do (see the triton_kernels docstring)
+    prec = _dot_precisions(x)["DOT_ST"] if grad or exact or x.dtype == torch.float64 else "tf32"
     _launch(_bi_ssd_state_kernel, _state_tuned, STATE_CONFIGS, "state",
-            lambda meta: (b * h, _cdiv(p, meta["BLOCK_P"]), nslot),
+            lambda meta: (b * h, _cdiv(p, meta["BLOCK_P"]), 2),
             (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy if grad else x, st, l, h, g, seg, lo, hi),
             dict(P=p, N=n, BLOCK_N=kernel_tile(n), GRAD=grad, DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias,
                  SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype), DOT_ST=prec))
@@ -340,7 +341,9 @@ class _BiSSDFn(torch.autograd.Function):
         y = _alloc(x.shape, _acc_dtype(x.dtype), x.device)
         has_d, has_bias = D is not None, dt_bias is not None
         bias_arg = dt_bias if has_bias else x
-        seg, nseg, st = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, None, opts, has_bias)
+        # the backward reads the forward's boundary states S_f, S_b (computed at its precision when it will run)
+        wants_grad = any(ctx.needs_input_grad)
+        seg, nseg, st = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, None, opts, has_bias, exact=wants_grad)
         args = (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, y, st, l, h, g, seg, lo, hi)
         common = dict(P=p, N=n, BLOCK_N=kernel_tile(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias,
                       SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype))
@@ -353,14 +356,15 @@ class _BiSSDFn(torch.autograd.Function):
                 lambda meta: (b * h, _cdiv(p, bp), _cdiv(l, q)),
                 (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, y, l, h, g, lo, hi),
                 dict(common, SHARE=_shares(opts, separate), BLOCK_Q=q, BLOCK_P=bp))
-        ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd)
-        ctx.opts = opts
+        ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd,
+                              st if wants_grad and nseg > 1 else None)
+        ctx.opts, ctx.seg = opts, seg
         return y.to(x.dtype)
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, dy):
-        x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd = ctx.saved_tensors
+        x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd, st = ctx.saved_tensors
         dt_softplus, lo, hi, do_f, do_b, shift = ctx.opts
         b, l, h, p = x.shape
         g, n = B.shape[2], B.shape[3]
@@ -394,7 +398,11 @@ class _BiSSDFn(torch.autograd.Function):
         scr = _alloc((b * h, 6, l), cdt, dev)
         has_d, has_bias = D is not None, dt_bias is not None
         bias_arg = dt_bias if has_bias else x
-        seg, nseg, st = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, ctx.opts, has_bias)
+        seg, nseg, gst = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, ctx.opts, has_bias, seg=ctx.seg)
+        if st is None:  # one segment: the forward's states are zeros too (gst, the kept zero buffer)
+            if nseg > 1:
+                raise RuntimeError("bi_ssd_triton: the forward kept no boundary states for the backward")
+            st = gst
         part_d = _alloc((b, h, nseg, p), cdt, dev)
         part = _alloc((b, h, 2), cdt, dev)
         common = dict(DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
@@ -402,7 +410,7 @@ class _BiSSDFn(torch.autograd.Function):
 
         def args(gB, gC, gBb, gCb):
             return (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, dy,
-                    dx, gB, gC, ddt, gBb, gCb, ddtb, scr, part_d, st, l, h, g, seg, lo, hi)
+                    dx, gB, gC, ddt, gBb, gCb, ddtb, scr, part_d, st, gst, l, h, g, seg, lo, hi)
 
         dots = _dot_precisions(x)
 
