@@ -604,9 +604,9 @@ def test_force_config_nests():
 
 @pytest.mark.parametrize("split", [True, False])
 def test_hydra_backward_per_head_buffers(split):
-    """Hydra mode with ngroups < nheads: the backward's per-head fp32 dB, dC of each direction are its largest
-    buffers. With the directions in two launches, the first direction's are folded and freed before the second's
-    are allocated (two alive at a time, not four); the gradients stay exact."""
+    """Hydra mode with ngroups < nheads: the backward's per-head dB, dC of each direction are its largest buffers.
+    With the directions in two launches, the first direction's are summed into its gradients and freed before the
+    second's are allocated (two alive at a time, not four); the gradients stay exact."""
     import weakref
 
     args, kw = make_inputs(b=1, l=40, h=4, p=8, n=16, g=1, sep=True, guard=False, seed=3)

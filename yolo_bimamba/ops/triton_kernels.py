@@ -1024,9 +1024,9 @@ def _bi_ssd_bwd_pairs_kernel(
 
 @triton.jit
 def _head_sum(ptrs, v, mask):
-    """A head's total of a dB or dC tile: its segment-kernel partial (ptrs, as stored) plus its in-chunk terms v, in
-    the partial's dtype (what storing old + v would have kept)."""
-    return (tl.load(ptrs, mask=mask, other=0.0).to(v.dtype) + v).to(ptrs.dtype.element_ty).to(v.dtype)
+    """A head's total of a dB or dC tile: its segment-kernel partial (ptrs) plus its in-chunk terms v, in v's dtype
+    (fp32; the partial is rounded once, when stored, and the sum over heads once, when stored)."""
+    return tl.load(ptrs, mask=mask, other=0.0).to(v.dtype) + v
 
 
 @triton.jit
