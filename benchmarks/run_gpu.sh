@@ -8,7 +8,7 @@
 #   gpu-tests-<gpu>.log              python -m pytest -m gpu tests/gpu (pytest-xdist, grouped by compile key, if installed)
 #   kernels-<gpu>.json / .md / .png  python benchmarks/bench_kernels.py (bf16, all shapes)
 #   bench-<gpu>.log                  the benchmark's console output
-# Knobs (environment): TEST_TIMEOUT (s, 300), BENCH_TIMEOUT (s, 190), XDIST_N (8), PYTEST_ARGS, BENCH_ARGS,
+# Knobs (environment): TEST_TIMEOUT (s, 600), BENCH_TIMEOUT (s, 600), XDIST_N (8), PYTEST_ARGS, BENCH_ARGS,
 # PYTEST_K (a -k expression), RUN_TESTS=0 / RUN_BENCH=0 to skip a part, TAG_SUFFIX (appended to the file names).
 # Exit status: non-zero if the tests or the benchmark failed.
 set -u -o pipefail
@@ -39,7 +39,7 @@ if [ "${RUN_TESTS:-1}" != 0 ]; then
   xdist=""
   if python3 -c "import xdist" 2>/dev/null; then xdist="-n ${XDIST_N:-8} --dist loadgroup"; fi
   t0=$(date +%s)
-  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu tests/gpu -p no:cacheprovider -v -rA --tb=short --durations=20 \
+  timeout "${TEST_TIMEOUT:-600}" python3 -m pytest -m gpu tests/gpu -p no:cacheprovider -v -rA --tb=short --durations=20 \
     $xdist ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} 2>&1 | tee "$DEST/gpu-tests-$gpu.log"
   test_rc=$?
   echo "== GPU tests: rc=$test_rc in $(( $(date +%s) - t0 )) s" | tee -a "$DEST/gpu-tests-$gpu.log"
@@ -48,7 +48,7 @@ fi
 bench_rc=0
 if [ "${RUN_BENCH:-1}" != 0 ]; then
   t0=$(date +%s)
-  timeout "${BENCH_TIMEOUT:-190}" python3 benchmarks/bench_kernels.py --out-dir "$DEST" --tag "$gpu" ${BENCH_ARGS:-} 2>&1 \
+  timeout "${BENCH_TIMEOUT:-600}" python3 benchmarks/bench_kernels.py --out-dir "$DEST" --tag "$gpu" ${BENCH_ARGS:-} 2>&1 \
     | tee "$DEST/bench-$gpu.log"
   bench_rc=$?
   echo "== benchmark: rc=$bench_rc in $(( $(date +%s) - t0 )) s" | tee -a "$DEST/bench-$gpu.log"
