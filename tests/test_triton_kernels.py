@@ -218,7 +218,10 @@ def test_every_pairs_config(pi):
     one-direction modes."""
     cases = [(_first_with_q(BWD_CONFIGS, 32), 40, dict(direction="both")),
              (_first_with_q(BWD_CONFIGS, 64), 70, dict(direction="both", shift=True, sep=True, g=2, h=4)),
-             (_first_with_q(BWD_CONFIGS, 32), 33, dict(direction="backward", d_shape="hp"))]
+             (_first_with_q(BWD_CONFIGS, 32), 33, dict(direction="backward", d_shape="hp")),
+             # one head per group: no per-head buffers, the pairs kernel adds to the segment kernel's dB, dC in place
+             (_first_with_q(BWD_CONFIGS, 32), 45, dict(direction="both", g=2, h=2)),
+             (_first_with_q(BWD_CONFIGS, 64), 66, dict(direction="both", shift=True, sep=True, g=2, h=2))]
     for bi, l, opt in cases:
         opt = dict(opt)
         direction, shift = opt.pop("direction"), opt.pop("shift", False)
@@ -337,8 +340,11 @@ def test_float64():
     check_case(args, kw, 0, 0)
 
 
-def test_float16_io():
-    args, kw = make_inputs(l=40, dtype=torch.float16)
+@pytest.mark.parametrize("g", [1, 2])
+def test_float16_io(g):
+    """fp16 inputs: dB, dC are summed in fp32 buffers and stored as fp16, with per-head buffers (g = 1) and with one
+    head per group (g = 2)."""
+    args, kw = make_inputs(l=40, h=2, g=g, dtype=torch.float16)
     check_case(args, kw, 0, 0, tol=5e-3)
 
 
