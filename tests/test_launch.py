@@ -228,3 +228,19 @@ def test_direct_launch_logic_with_a_cuda_stand_in(monkeypatch):
     L.launch(fn, (5, 2), args[:10] + ((1, 2),) + args[11:], kw)
     L.launch(fn, (5, 2), args[:10] + ((1, 2),) + args[11:], kw)
     assert len(fn.compiled) == 7
+
+
+@pytest.mark.parametrize("maxnreg", [None, 128])
+def test_a_config_launches_with_its_warps_stages_and_register_cap(monkeypatch, maxnreg):
+    """A config launched by the op itself (forced, default or cached: not through the autotuner) carries every launch
+    option of the config; a register cap (maxnreg) left out would compile another kernel than the autotuner timed."""
+    seen = []
+    monkeypatch.setattr(to, "launch", lambda fn, grid, args, kwargs: seen.append((fn, grid, args, kwargs)))
+    cfg = triton.Config({"BLOCK_Q": 32}, num_warps=8, num_stages=2, maxnreg=maxnreg)
+    to._run_config("kernel", lambda meta: (meta["BLOCK_Q"], 3), ("a",), {"P": 64}, cfg)
+    [(fn, grid, args, kwargs)] = seen
+    assert (fn, grid, args) == ("kernel", (32, 3), ("a",))
+    want = {"P": 64, "BLOCK_Q": 32, "num_warps": 8, "num_stages": 2}
+    if maxnreg is not None:
+        want["maxnreg"] = maxnreg
+    assert kwargs == want

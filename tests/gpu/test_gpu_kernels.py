@@ -56,7 +56,8 @@ CHUNK = 64
 
 def _shape(b, l, h, p, n, g=1):
     if SMALL:  # dry-run sizes: same structure, tiny problem
-        return dict(b=min(b, 2), l=max(3, l // 100), h=min(h, 2 if h < 8 else 4), p=8, n=min(n, 16), g=g)
+        hs = min(h, 2 if h < 8 else 4)
+        return dict(b=min(b, 2), l=max(3, l // 100), h=hs, p=8, n=min(n, 16), g=min(g, hs))
     return dict(b=b, l=l, h=h, p=p, n=n, g=g)
 
 
@@ -345,6 +346,18 @@ ODD = _shape(4, 1637, 8, 64, 64, g=2)
 @pytest.mark.parametrize("dtype", _p([("odd", (), dt, "g2-Dhp-limit") for dt in DTYPES]))
 def test_odd_length_groups_channel_D_dt_limit(dtype):
     accuracy_case(ODD, dtype, seed=3, label="g2-Dhp-limit", D_per_channel=True, dt_limit=(0.01, 0.3))
+
+
+# one head per group (ngroups == nheads): the backward keeps no per-head dB, dC and its pairs kernel adds to the
+# segment kernel's buffers in place (for fp16 inputs: fp32 buffers, stored as fp16); BiMamba2 and Hydra modes
+G_EQ_H = _shape(8, 1637, 4, 64, 64, g=4)
+
+
+@pytest.mark.parametrize("hydra,dtype", _p([("g-eq-h", (hy,), dt, "hydra" if hy else "bimamba2")
+                                            for dt in DTYPES + FP16 for hy in (False, True)]))
+def test_one_head_per_group(hydra, dtype):
+    accuracy_case(G_EQ_H, dtype, seed=6, label=f"g == h {'hydra' if hydra else 'bimamba2'}", hydra=hydra,
+                  extra={"shift": True} if hydra else None)
 
 
 def config_forcers():

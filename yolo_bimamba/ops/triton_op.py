@@ -213,7 +213,10 @@ def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg=None):
 
 def _run_config(jit_fn, grid_fn, args, kwargs, cfg):
     meta = dict(cfg.kwargs)
-    launch(jit_fn, grid_fn(meta), args, {**kwargs, **meta, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if cfg.maxnreg is not None:
+        opts["maxnreg"] = cfg.maxnreg
+    launch(jit_fn, grid_fn(meta), args, {**kwargs, **meta, **opts})
     return cfg
 
 
