@@ -170,3 +170,18 @@ def test_cuda_graph_stand_ins_share_storage_and_are_put_back():
         with cuda_graph._standing_in(layer, params, stand_ins):
             raise RuntimeError("boom")
     assert all(a is b for a, b in zip(layer.parameters(), params))
+
+
+def test_fp16_scans_keep_their_dtype_off_cuda_and_for_the_pytorch_op():
+    """ops.bi_ssd.mixer_scan_dtype moves only fp16 CUDA scans of the Triton kernels to bf16 (tests/gpu checks that
+    case): CPU inputs (the exports, the CPU tests) and backend="torch" keep their dtype, fp32 and bf16 too; the mixers
+    return their input's dtype."""
+    import importlib
+
+    mod = importlib.import_module("yolo_bimamba.ops.bi_ssd")
+    for dt in (torch.float16, torch.bfloat16, torch.float32):
+        for backend in ("auto", "torch", "triton"):
+            assert mod.mixer_scan_dtype(torch.zeros(2, 3, dtype=dt), 32, 32, backend) == dt
+    torch.manual_seed(0)
+    m = BiMamba2(32, d_state=16, headdim=16).to(torch.float16)
+    assert m(torch.randn(1, 9, 32, dtype=torch.float16)).dtype == torch.float16

@@ -8,6 +8,8 @@ The activations come in fp32 or bf16 with fp32 weights (what AMP hands over from
 """
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -89,3 +91,49 @@ def test_modules_run_the_fused_ops_on_cuda(monkeypatch):
             outs.append(m(x).float())
     assert calls == ["_DWConvSiLU", "_GatedRMSNorm"], calls
     assert rel(outs[0], outs[1]) <= 2e-2
+
+
+@pytest.mark.parametrize("mixer", ["bimamba2", "hydra"])
+def test_fp16_autocast_runs_the_scan_in_bf16(monkeypatch, mixer):
+    """Under fp16 autocast on a GPU with bf16 tensor cores the mixers hand the scan bf16 x, B, C (ops.bi_ssd
+    .mixer_scan_dtype) and return fp16; with YOLO_BIMAMBA_FP16_SCAN=fp16 the scan gets fp16. Both results and the
+    parameters' gradients are within the 16-bit tolerance of the fp32 module's, and finite."""
+    from yolo_bimamba.nn.bimamba2 import BiMamba2
+    from yolo_bimamba.nn.hydra import Hydra
+    from yolo_bimamba.ops import triton_op
+
+    bi_ssd_mod = importlib.import_module("yolo_bimamba.ops.bi_ssd")  # the module (ops.bi_ssd is the function)
+
+    assert torch.cuda.get_device_capability()[0] >= 8, "this test wants a GPU with bf16 tensor cores"
+    # the default configs (no autotuning: this is about the dtypes; the first Hydra call of three dtypes autotuned
+    # for over 2 minutes on an H200)
+    monkeypatch.setattr(triton_op, "_AUTOTUNE", False)
+    seen = []
+    orig = triton_op.bi_ssd_triton
+    monkeypatch.setattr(triton_op, "bi_ssd_triton",
+                        lambda x, dt, A, B, C, **kw: seen.append((x.dtype, B.dtype, C.dtype)) or orig(x, dt, A, B, C, **kw))
+    torch.manual_seed(0)
+    cls = BiMamba2 if mixer == "bimamba2" else Hydra
+    m = cls(64, d_state=32, headdim=32).cuda().train()
+    u = torch.randn(4, 300, 64, device="cuda")
+
+    def run(autocast):
+        m.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=autocast):
+            y = m(u)
+        (y.float() * torch.linspace(-1, 1, y.shape[-1], device="cuda")).sum().backward()
+        return y, torch.cat([p.grad.flatten().float() for p in m.parameters()])
+
+    y32, g32 = run(False)
+    out = {}
+    for mode in ("bf16", "fp16"):
+        monkeypatch.setattr(bi_ssd_mod, "FP16_SCAN", mode)
+        seen.clear()
+        y, g = run(True)
+        want = torch.bfloat16 if mode == "bf16" else torch.float16
+        assert seen == [(want, want, want)], (mode, seen)
+        assert y.dtype == torch.float16
+        assert torch.isfinite(y).all() and torch.isfinite(g).all()
+        out[mode] = (y, g)
+        assert rel(y.float(), y32) <= 2e-2, (mode, rel(y.float(), y32))
+        assert rel(g, g32) <= 3e-2, (mode, rel(g, g32))

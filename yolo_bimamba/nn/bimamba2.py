@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ..ops import bi_ssd
+from ..ops.bi_ssd import mixer_scan_dtype
 from ..ops.dwconv import dwconv_silu
 from .norm import RMSNormGated
 
@@ -109,11 +110,12 @@ class BiMamba2(nn.Module):
         xbc = dwconv_silu(xbc, self.conv1d.weight, self.conv1d.bias, backend=self.backend)  # fused on CUDA
         x, B, C = torch.split(xbc, [self.d_inner, gn, gn], dim=-1)
         A = -torch.exp(self.A_log.float().clamp(max=A_LOG_MAX))
+        sd = mixer_scan_dtype(x, self.headdim, self.d_state, self.backend)  # fp16 -> bf16 on CUDA (FP16_SCAN)
         y = bi_ssd(
-            x.reshape(b, l, self.nheads, self.headdim), dt, A,
-            B.reshape(b, l, self.ngroups, self.d_state), C.reshape(b, l, self.ngroups, self.d_state),
+            x.reshape(b, l, self.nheads, self.headdim).to(sd), dt, A,
+            B.reshape(b, l, self.ngroups, self.d_state).to(sd), C.reshape(b, l, self.ngroups, self.d_state).to(sd),
             chunk_size=self.chunk_size, D=self.D, dt_bias=self.dt_bias, dt_softplus=True,
             dt_limit=self.dt_limit, backend=self.backend,
-        )
+        ).to(x.dtype)
         y = self.norm(y.reshape(b, l, self.d_inner), z)
         return self.out_proj(y)

@@ -1,10 +1,13 @@
 """The public op: bidirectional (Bi-Mamba2 / Hydra) structured state-space duality scan."""
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 
 from .chunked import bi_ssd_torch
-from .fused_switch import triton_usable
+from .fused_switch import graph_tracing, triton_usable
 from .validate import triton_dims_supported, validate_bi_ssd
 
 
@@ -13,6 +16,34 @@ def auto_picks_triton(headdim: int, dstate: int, dtype: torch.dtype) -> bool:
     torch.export, torch.compile), Triton is missing, or the sizes are beyond what the kernels take (then the PyTorch
     op, which takes any size)."""
     return triton_usable("yolo_bimamba.ops.triton_op") and triton_dims_supported(headdim, dstate, dtype)
+
+
+# The mixers (BiMamba2, Hydra) run the Triton kernels in bf16 when their inputs are fp16 (fp16 AMP, Ultralytics'
+# default amp=True) on a GPU with bf16 tensor cores: the kernels' fp16 path needs tf32x3 state dots and fp32 buffers and
+# takes 1.5-1.8x the GPU time of the bf16 path (benchmarks/results/README.md). "fp16" keeps fp16 scans.
+FP16_SCAN = os.environ.get("YOLO_BIMAMBA_FP16_SCAN", "bf16").strip().lower()
+if FP16_SCAN not in ("bf16", "fp16"):
+    raise ValueError(f"YOLO_BIMAMBA_FP16_SCAN must be 'bf16' or 'fp16', got {FP16_SCAN!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def _has_bf16_tensor_cores(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 8
+
+
+def mixer_scan_dtype(x: torch.Tensor, headdim: int, dstate: int, backend: str = "auto") -> torch.dtype:
+    """The dtype in which a mixer runs the scan of its inputs x (see FP16_SCAN): x's own, except fp16 CUDA inputs
+    that the Triton kernels would take, on a GPU with bf16 tensor cores: bf16 (the same exponent range as fp32, so
+    an fp16 value or loss-scaled gradient never overflows there; 8 instead of 11 significant bits, as in bf16 AMP).
+    Never while a graph is traced or exported (the scan then runs the PyTorch op, in x's dtype)."""
+    if x.dtype is not torch.float16 or not x.is_cuda or FP16_SCAN != "bf16" or backend == "torch" or graph_tracing():
+        return x.dtype
+    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if not _has_bf16_tensor_cores(dev):
+        return x.dtype
+    if backend == "auto" and not auto_picks_triton(headdim, dstate, torch.bfloat16):
+        return x.dtype
+    return torch.bfloat16
 
 
 def bi_ssd(
