@@ -313,6 +313,8 @@ def main():
         "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "ultralytics": ultralytics.__version__,
         "python": platform.python_version(), "cpu_count": os.cpu_count(), "command": " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        # the package's switches of this run (YOLO_BIMAMBA_AUTOTUNE, _FP16_SCAN, _CUDA_GRAPHS, ...)
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("YOLO_BIMAMBA_")},
     }
     rows, info = [], {}
     for yaml in args.models:

@@ -192,7 +192,11 @@ def model(args):
     calls = defaultdict(int)
     orig = bm.bi_ssd
 
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": []}
+    import triton
+
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "precision": args.precision,
+           "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("YOLO_BIMAMBA_")}, "runs": []}
     for yaml in args.models.split(","):
         dev = torch.device("cuda")
         torch.manual_seed(0)
@@ -289,7 +293,10 @@ def host(args):
            "cprofile_top": buf.getvalue().splitlines()[:80]}
     print(json.dumps({k: v for k, v in rec.items() if k != "cprofile_top"}), flush=True)
     print("\n".join(rec["cprofile_top"]))
-    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": [rec]}
+    import triton
+
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "runs": [rec]}
 
 
 def main():
