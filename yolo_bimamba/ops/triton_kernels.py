@@ -316,6 +316,25 @@ def _pair_decay(cs, a, tt, ss):
 
 
 @triton.jit
+def _entry_state(st_ptr, pid_bh, seg, nseg, tile, m_st, SIDE: tl.constexpr, N: tl.constexpr, P: tl.constexpr):
+    """The state segment seg enters with, from st (b * h, 2, nseg - 1, N, P): the states at the nseg - 1 boundaries
+    between segments (boundary k between segments k and k + 1), slot 0 those of forward walks (what comes from the
+    left), slot 1 those of reverse walks (what comes from the right). SIDE 0: from the left, boundary seg - 1, zero
+    for the first segment; SIDE 1: from the right, boundary seg, zero for the last. A one-segment call reads nothing
+    (st is then a stand-in)."""
+    nb = nseg - 1
+    if SIDE == 0:
+        k = seg - 1
+        inside = seg > 0
+    else:
+        k = seg
+        inside = seg < nb
+    k = tl.maximum(tl.minimum(k, nb - 1), 0)  # an address inside st (or at its start) even where nothing is read
+    off = ((pid_bh.to(tl.int64) * 2 + SIDE) * nb + k) * (N * P)
+    return tl.load(st_ptr + off + tile, mask=m_st & inside, other=0.0)
+
+
+@triton.jit
 def _bi_ssd_fwd_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, y_ptr, st_ptr,
     L, H, G, SEG, dt_lo, dt_hi,
@@ -349,11 +368,11 @@ def _bi_ssd_fwd_kernel(
     nseg = tl.cdiv(L, SEG)
     c0 = seg * (SEG // BLOCK_Q)
     c1 = tl.minimum(tl.cdiv(L, BLOCK_Q), c0 + SEG // BLOCK_Q)
-    st_off = (pid_bh.to(tl.int64) * 2 * nseg + seg) * (N * P) + offs_n[:, None] * P + offs_p[None, :]
+    tile = offs_n[:, None] * P + offs_p[None, :]
     m_st = mask_n[:, None] & mask_p[None, :]
 
     if DO_F:
-        S = tl.load(st_ptr + st_off, mask=m_st, other=0.0)
+        S = _entry_state(st_ptr, pid_bh, seg, nseg, tile, m_st, 0, N, P).to(COMPUTE)
         for c in range(c0, c1):
             rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, H * P, G * N, BLOCK_Q)
             dtv, a, cs, cs_last, tail = _chunk_decay(dt_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
@@ -377,7 +396,7 @@ def _bi_ssd_fwd_kernel(
     if DO_B:
         if DO_F:
             tl.debug_barrier()
-        Sb = tl.load(st_ptr + st_off + nseg * (N * P), mask=m_st, other=0.0)
+        Sb = _entry_state(st_ptr, pid_bh, seg, nseg, tile, m_st, 1, N, P).to(COMPUTE)
         for ci in range(0, c1 - c0):
             c = c1 - 1 - ci
             rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, H * P, G * N, BLOCK_Q)
@@ -467,7 +486,8 @@ def _state_walk(v_ptr, r_ptr, dt_base, st_base, A_h, bias, L, H, SEG, v_stride, 
                 dt_lo, dt_hi, P: tl.constexpr, N: tl.constexpr, MODE: tl.constexpr, SOFTPLUS: tl.constexpr,
                 COMPUTE: tl.constexpr, DOT_ST: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_P: tl.constexpr, pid_p):
-    """Walk the chunks and store one state at every segment boundary: st[seg] (N x P block).
+    """Walk the chunks and store the state at every boundary between segments: st[k] (N x P block) at boundary k,
+    between segments k and k + 1 (see _entry_state).
 
     MODE 0: S_f  causal state entering segment seg (forward walk; V = B,  R = x,  w = exp(last - cs) dt, from the tail sums)
     MODE 1: dS_b grad of the anti-causal state of rows before seg (forward walk; V = C_b, R = dz_b, w = exp(last - csx))
@@ -484,20 +504,17 @@ def _state_walk(v_ptr, r_ptr, dt_base, st_base, A_h, bias, L, H, SEG, v_stride, 
     m_st = mask_n[:, None] & mask_p[None, :]
     nchunks = tl.cdiv(L, BLOCK_Q)
     nseg = tl.cdiv(L, SEG)
-    if MODE < 2:  # forward walk up to the first chunk of the last segment
-        n_iter = (nseg - 1) * (SEG // BLOCK_Q) + 1
-    else:  # reverse walk down to the last chunk of the first segment
-        n_iter = nchunks - tl.minimum(SEG // BLOCK_Q - 1, nchunks - 1)
+    # the chunks of every segment but the last (forward walk) or but the first (reverse walk); nseg >= 2 here
+    if MODE < 2:
+        n_iter = (nseg - 1) * (SEG // BLOCK_Q)
+    else:
+        n_iter = nchunks - SEG // BLOCK_Q
     S = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     for i in range(0, n_iter):
         if MODE < 2:
             c = i
-            at_bound = (c * BLOCK_Q) % SEG == 0
         else:
             c = nchunks - 1 - i
-            at_bound = (c == nchunks - 1) | (((c + 1) * BLOCK_Q) % SEG == 0)
-        seg = (c * BLOCK_Q) // SEG
-        tl.store(st_ptrs + seg.to(tl.int64) * (N * P), S, mask=m_st & at_bound)
         rows = c * BLOCK_Q + offs_q
         mrow = rows < L
         dtv, a, cs, last, tail = _chunk_decay(dt_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
@@ -515,6 +532,13 @@ def _state_walk(v_ptr, r_ptr, dt_base, st_base, A_h, bias, L, H, SEG, v_stride, 
         m_r = (mrow & (rr >= 0) & (rr < L))[:, None] & mask_p[None, :]
         Rv = tl.load(r_ptr + rr[:, None] * r_stride + offs_p[None, :], mask=m_r, other=0.0).to(COMPUTE)
         S = tl.exp(last) * S + _dot(tl.trans(Vv * w[:, None]), Rv, DOT_ST)
+        # the state after this chunk, where it ends a segment (forward walk: the boundary after its rows) or starts
+        # one (reverse walk: the boundary before them)
+        if MODE < 2:
+            edge = (c + 1) * BLOCK_Q
+        else:
+            edge = c * BLOCK_Q
+        tl.store(st_ptrs + (edge // SEG - 1).to(tl.int64) * (N * P), S, mask=m_st & (edge % SEG == 0))
 
 
 @triton.jit
@@ -525,7 +549,8 @@ def _bi_ssd_state_kernel(
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
     COMPUTE: tl.constexpr, DOT_ST: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
-    """Segment-boundary states: program (batch * head, headdim block, slot); st has shape (b * h, 2, nseg, N, P).
+    """Segment-boundary states: program (batch * head, headdim block, slot); st has shape (b * h, 2, nseg - 1, N, P)
+    (see _entry_state), and nseg >= 2.
     not GRAD (forward): S_f (MODE 0 of :func:`_state_walk`) and S_b (MODE 3), which the backward reads too;
     GRAD (backward): the state gradients dS_b (MODE 1) and dS_f (MODE 2)."""
     pid_bh = tl.program_id(0)
@@ -541,7 +566,7 @@ def _bi_ssd_state_kernel(
     dto = b64 * L * H + hidx
     bco = b64 * L * G * N + gidx * N
     nseg = tl.cdiv(L, SEG)
-    st_base = st_ptr + (pid_bh.to(tl.int64) * NSLOT + slot) * nseg * (N * P)
+    st_base = st_ptr + (pid_bh.to(tl.int64) * NSLOT + slot) * (nseg - 1) * (N * P)
     _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
     SH_F: tl.constexpr = 1 if SHIFT else 0  # dz_f[t] = dy[t + 1] with Hydra's shift
     SH_B: tl.constexpr = -1 if SHIFT else 0  # dz_b[t] = dy[t - 1]
@@ -703,21 +728,20 @@ def _bi_ssd_bwd_kernel(
     SH_F: tl.constexpr = 1 if SHIFT else 0
     SH_B: tl.constexpr = -1 if SHIFT else 0
     # this program's rows: chunks [c0, c1) = segment seg; the states at its ends: st holds the forward's S_f, S_b,
-    # gst the backward state kernel's dS_b, dS_f, both (b*h, 2, nseg, N, P)
+    # gst the backward state kernel's dS_b, dS_f, both (b*h, 2, nseg - 1, N, P) (_entry_state)
     nseg = tl.cdiv(L, SEG)
     c0 = seg * (SEG // BLOCK_Q)
     c1 = tl.minimum(tl.cdiv(L, BLOCK_Q), c0 + SEG // BLOCK_Q)
-    st_off = (pid.to(tl.int64) * 2 * nseg + seg) * (N * P) + offs_n[:, None] * P + offs_p[None, :]
-    KSTRIDE = nseg * (N * P)
+    tile = offs_n[:, None] * P + offs_p[None, :]
     m_st = mask_n[:, None] & mask_p[None, :]
 
     # ------------------------------------------------------------------ pass A (reverse walk)
     if DO_F:  # grad of the causal state leaving a chunk
-        dS = tl.load(gst_ptr + st_off + KSTRIDE, mask=m_st, other=0.0)
+        dS = _entry_state(gst_ptr, pid, seg, nseg, tile, m_st, 1, N, P).to(COMPUTE)
     else:
         dS = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     if DO_B:  # anti-causal state entering a chunk (from the right)
-        Sb = tl.load(st_ptr + st_off + KSTRIDE, mask=m_st, other=0.0)
+        Sb = _entry_state(st_ptr, pid, seg, nseg, tile, m_st, 1, N, P).to(COMPUTE)
     else:
         Sb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     dD_acc = tl.zeros((BLOCK_P,), dtype=COMPUTE)
@@ -803,11 +827,11 @@ def _bi_ssd_bwd_kernel(
     tl.debug_barrier()
     # ------------------------------------------------------------------ pass B (forward walk)
     if DO_F:  # causal state entering a chunk
-        S = tl.load(st_ptr + st_off, mask=m_st, other=0.0)
+        S = _entry_state(st_ptr, pid, seg, nseg, tile, m_st, 0, N, P).to(COMPUTE)
     else:
         S = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     if DO_B:  # grad of the anti-causal state of earlier chunks
-        dSb = tl.load(gst_ptr + st_off, mask=m_st, other=0.0)
+        dSb = _entry_state(gst_ptr, pid, seg, nseg, tile, m_st, 0, N, P).to(COMPUTE)
     else:
         dSb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     rows_n = c0 * BLOCK_Q + offs_q

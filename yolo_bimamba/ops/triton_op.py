@@ -254,37 +254,29 @@ def _dot_precisions(x):
     return dict(DOT_ST="tf32x3", DOT_RD="tf32x3", DOT_MID="tf32", DOT_IN="tf32x3", DOT_LO="tf32")
 
 
-_zeros: dict = {}
-_zeros_retired: list = []  # grown-out buffers: at most a few, all below 2 x _ZEROS_MAX_BYTES together
-# the kept zero buffer is for the small, host-bound calls of detection models (4 MB at yolov8n-bimamba-p5's b32 L400
-# h8 p32 n32); larger one-segment calls are GPU-bound, where a fill per call costs little, and memory they would pin
-# for good matters more
-_ZEROS_MAX_BYTES = 16 << 20
+_stand_ins: dict = {}
 
 
-def _zero_states(shape, dtype, device):
-    """Zero boundary states of a one-segment call, which the kernels only read: a view of a zero buffer kept per
-    (device, dtype) and grown when needed (doubling, up to _ZEROS_MAX_BYTES), instead of a fresh torch.zeros (a fill
-    launch) on every call. A buffer that was grown out of stays allocated: a CUDA graph captured earlier reads it."""
-    numel = math.prod(shape)
-    if numel * dtype.itemsize > _ZEROS_MAX_BYTES or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        return torch.zeros(shape, dtype=dtype, device=device)  # in a CUDA-graph capture: zeroed by every replay
-    buf = _zeros.get((device, dtype))
-    if buf is None or buf.numel() < numel:
-        if buf is not None:  # a captured graph (nn.cuda_graph) may read it: kept alive, never reused for other data
-            _zeros_retired.append(buf)
-        size = min(max(numel, 2 * (buf.numel() if buf is not None else 0)), _ZEROS_MAX_BYTES // dtype.itemsize)
-        buf = torch.zeros(size, dtype=dtype, device=device)
-        _zeros[(device, dtype)] = buf
-    return buf[:numel].view(shape)
+def _no_states(dtype, device):
+    """What a one-segment call passes for its boundary states (there are none, and the kernels read nothing there):
+    one element of the states' dtype, kept per (device, dtype) so that every call has the same specialisation and
+    no allocation; a fresh one while a CUDA graph is captured (its memory then belongs to the graph's pool)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.empty(1, dtype=dtype, device=device)
+    t = _stand_ins.get((device, dtype))
+    if t is None:
+        t = _stand_ins[(device, dtype)] = torch.empty(1, dtype=dtype, device=device)
+    return t
 
 
 def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias, seg=None, exact=False):
-    """(segment rows, number of segments, states at the segment boundaries), shape (b*h, 2, nseg, n, p).
+    """(segment rows, number of segments, states at the boundaries between segments), shape (b*h, 2, nseg - 1, n, p)
+    (triton_kernels._entry_state).
 
-    dy None (forward): S_f, S_b; dy given (backward): dS_b, dS_f. One segment starts from zero states (no state
-    kernel launch). ``seg``: the forward's segment rows (the backward's must be the same); ``exact``: a forward whose
-    states the backward will read, at the backward's precision."""
+    dy None (forward): S_f, S_b; dy given (backward): dS_b, dS_f. One segment has none (no state kernel launch; the
+    kernels start from zero states and are passed a stand-in that they never read). ``seg``: the forward's segment
+    rows (the backward's must be the same); ``exact``: a forward whose states the backward will read, at the
+    backward's precision."""
     dt_softplus, lo, hi, do_f, do_b, shift = opts
     b, l, h, p = x.shape
     g, n = B.shape[2], B.shape[3]
@@ -294,8 +286,8 @@ def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias, s
         seg = segment_rows(b, h, l, x.device)
     nseg = _cdiv(l, seg)
     if nseg == 1:
-        return seg, 1, _zero_states((b * h, 2, 1, n, p), cdt, x.device)
-    st = _alloc((b * h, 2, nseg, n, p), cdt, x.device)
+        return seg, 1, _no_states(cdt, x.device)
+    st = _alloc((b * h, 2, nseg - 1, n, p), cdt, x.device)
     # the states feed the backward's log-decay gradients, which need DOT_ST's accuracy; a forward-only call's dots keep
     # Triton's default (tf32), as the forward kernel's do (see the triton_kernels docstring)
     prec = _dot_precisions(x)["DOT_ST"] if grad or exact or x.dtype == torch.float64 else "tf32"
@@ -402,7 +394,7 @@ class _BiSSDFn(torch.autograd.Function):
         has_d, has_bias = D is not None, dt_bias is not None
         bias_arg = dt_bias if has_bias else x
         seg, nseg, gst = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, ctx.opts, has_bias, seg=ctx.seg)
-        if st is None:  # one segment: the forward's states are zeros too (gst, the kept zero buffer)
+        if st is None:  # one segment: no states in the forward either (gst is the stand-in)
             if nseg > 1:
                 raise RuntimeError("bi_ssd_triton: the forward kept no boundary states for the backward")
             st = gst
