@@ -3,6 +3,7 @@
     python benchmarks/profile_gpu.py kernels [--out FILE.json]   # torch.profiler over fwd+bwd at the benchmark shapes
     python benchmarks/profile_gpu.py model [--out FILE.json]     # yolov8{n,s}-bimamba step (needs Ultralytics)
     python benchmarks/profile_gpu.py host [--host-shape b,L,h,p,n]  # host (Python) cost of one op call, cProfile
+    python benchmarks/profile_gpu.py host-parts [--host-shapes "b,L,h,p,n;..."]  # that host time, part by part
 
 ``kernels``: for each shape and each segmentation (programs per SM), the CUDA time of every kernel per fwd+bwd
 call, summed over its launches, and the total. ``model``: one training step of the detection model (640 px,
@@ -105,6 +106,7 @@ def _op_inputs(b, L, h, p, n, dtype):
         y = bi_ssd(x, dt, A, B, C, D=D, dt_bias=bias, dt_softplus=True, backend="triton", **kw)
         torch.autograd.grad(y, (x, dt, A, B, C, D, bias), dy)
 
+    call.inputs, call.dy = (x, dt, A, B, C, D, bias), dy  # for host_parts
     return x, call
 
 
@@ -299,9 +301,110 @@ def host(args):
             "runs": [rec]}
 
 
+def _host_ms(fn, reps=200, rounds=5):
+    """Median over rounds of the host time per call of ``reps`` back-to-back calls (the GPU idle at each start)."""
+    import time
+
+    out = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        out.append((time.perf_counter() - t0) / reps * 1e3)
+    torch.cuda.synchronize()
+    return round(statistics.median(out), 4)
+
+
+def host_parts(args):
+    """Where the host time of one fwd+bwd call goes: the whole call, the forward alone, the call's Triton launches
+    replayed through ops.launch (and their keys alone, and Triton's launcher alone), 12 allocations, the backward's
+    torch reductions, and an empty autograd.Function with the same inputs. Host time only: where the GPU is slower
+    than the host (large shapes) the figures are the GPU's."""
+    from bench_kernels import _enter_package_without_glue
+
+    _enter_package_without_glue()
+    from yolo_bimamba.ops import bi_ssd, launch as launch_mod, triton_op
+
+    dtype = _DTYPES[args.precision]
+    runs = []
+    for shape in args.host_shapes.split(";"):
+        b, L, h, p, n = (int(v) for v in shape.split(","))
+        _, call = _op_inputs(b, L, h, p, n, dtype)
+        ins, dy = call.inputs, call.dy
+        x, dt, A, B, C, D, bias = ins
+        for _ in range(10):
+            call()
+        rec = {"shape": [b, L, h, p, n], "precision": args.precision, "whole_call": _host_ms(call)}
+
+        def fwd_only():
+            with torch.no_grad():
+                bi_ssd(x, dt, A, B, C, D=D, dt_bias=bias, dt_softplus=True, backend="triton")
+
+        rec["forward_no_grad"] = _host_ms(fwd_only)
+        launches = []  # (fn, grid, args, kwargs) of every Triton launch of one call
+        real = triton_op.launch
+
+        def recording(*t):
+            launches.append(t)
+            return real(*t)
+
+        triton_op.launch = recording
+        try:
+            call()
+        finally:
+            triton_op.launch = real
+        torch.cuda.synchronize()
+        rec["triton_launches"] = len(launches)
+        rec["launches_replayed"] = _host_ms(lambda: [launch_mod.launch(*t) for t in launches])
+        dev = torch.cuda.current_device()
+
+        def key(fn, _grid, a, kw):  # ops.launch's key of a launch
+            return id(fn), dev, tuple(kw.items()), tuple(map(launch_mod._arg_key, a))
+
+        rec["launch_keys"] = _host_ms(lambda: [launch_mod._kept.get(key(*t)) for t in launches])
+        kept = [launch_mod._kept.get(key(*t)) for t in launches]
+        if all(k is not None for k in kept):
+            def raw():
+                stream = torch._C._cuda_getCurrentRawStream(dev)
+                for (_fn, kernel, tail, _spec), (_f, grid, a, _kw) in zip(kept, launches):
+                    g = tuple(grid) + (1, 1)
+                    kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, None, None, None,
+                               *a, *tail)
+
+            rec["triton_launcher"] = _host_ms(raw)
+        rec["12_allocations"] = _host_ms(lambda: [torch.empty((b * h, 6, L), device="cuda") for _ in range(12)])
+        part, part_d = torch.randn(b, h, 2, device="cuda"), torch.randn(b, h, 2, p, device="cuda")
+
+        def reductions():  # as the op's backward does them
+            tot = part.sum(0)
+            tot[:, 0].to(torch.float32), tot[:, 1].to(torch.float32)
+            part_d.sum((0, 2)).sum(1)
+
+        rec["torch_reductions"] = _host_ms(reductions)
+
+        class Empty(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *a):
+                ctx.save_for_backward(*a)
+                return torch.empty_like(a[0])
+
+            @staticmethod
+            def backward(ctx, gy):
+                return tuple(torch.empty_like(t) for t in ctx.saved_tensors)
+
+        rec["empty_autograd_function"] = _host_ms(lambda: torch.autograd.grad(Empty.apply(*ins), ins, dy))
+        print(json.dumps(rec), flush=True)
+        runs.append(rec)
+    import triton
+
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "autotune": os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1"), "runs": runs}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["kernels", "model", "host"])
+    ap.add_argument("what", choices=["kernels", "model", "host", "host-parts"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--pps", default="4", help="kernels: programs per SM values, comma separated")
     ap.add_argument("--directions", default="both,forward", help="kernels: directions, comma separated")
@@ -318,8 +421,10 @@ def main():
     ap.add_argument("--models", default="yolov8n-bimamba.yaml,yolov8n.yaml")
     ap.add_argument("--precision", default="bf16", choices=list(_DTYPES))
     ap.add_argument("--host-shape", default="32,400,4,64,64", help="host: b,L,h,p,n")
+    ap.add_argument("--host-shapes", default="16,400,8,64,64;16,1600,8,64,64;32,400,8,32,32",
+                    help="host-parts: b,L,h,p,n;...")
     args = ap.parse_args()
-    res = {"kernels": kernels, "model": model, "host": host}[args.what](args)
+    res = {"kernels": kernels, "model": model, "host": host, "host-parts": host_parts}[args.what](args)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(res, indent=1))
