@@ -248,7 +248,7 @@ def model(args):
         print("   host (CPU) self time per step, top ops:")
         for k, v in list(cpu_ops.items())[:25]:
             print(f"   {v:8.3f}  {k[:110]}")
-        del m, opt
+        m = opt = None  # free this model before the next (rebinding, not del: step() closes over the names)
         torch.cuda.empty_cache()
     return out
 
