@@ -156,3 +156,41 @@ def test_triton_usable_is_the_one_auto_switch(monkeypatch):
     monkeypatch.setattr(fused_switch, "graph_tracing", lambda: True)
     assert not fused_switch.triton_usable("yolo_bimamba.ops.triton_op")
     assert not bi_ssd_mod.auto_picks_triton(64, 64, torch.float32)
+
+
+def test_traced_and_exported_graphs_hold_a_depthwise_conv2d(tmp_path):
+    """While a graph is traced or exported, dwconv_silu is the same convolution written as a depthwise Conv2d over a
+    height-1 image (onnxruntime's CPU depthwise path runs it faster than a grouped 1-D Conv): equal to the Conv1d
+    expression in float64 (k 3 and 7, with and without bias, L shorter than k too), and the ONNX file holds a 2-D
+    Conv, with outputs equal to eager PyTorch."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from yolo_bimamba.ops.dwconv import dwconv_silu_export
+
+    g = torch.Generator().manual_seed(4)
+    for l, k, with_bias in ((37, 7, True), (2, 3, False), (5, 7, False)):
+        u = torch.randn(2, l, 5, generator=g, dtype=torch.float64)
+        w = torch.randn(5, 1, k, generator=g, dtype=torch.float64)
+        b = torch.randn(5, generator=g, dtype=torch.float64) if with_bias else None
+        torch.testing.assert_close(dwconv_silu_export(u, w, b), dwconv_silu_reference(u, w, b), rtol=1e-12, atol=1e-12)
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv1d(6, 6, 7, groups=6, padding=3)
+
+        def forward(self, u):
+            return dwconv_silu(u, self.conv.weight, self.conv.bias)
+
+    m, u = Layer().eval(), torch.randn(1, 50, 6)
+    path = tmp_path / "dw.onnx"
+    torch.onnx.export(m, (u,), str(path), opset_version=17, dynamo=False)
+    convs = [n for n in onnx.load(str(path)).graph.node if n.op_type == "Conv"]
+    assert len(convs) == 1
+    assert [list(a.ints) for a in convs[0].attribute if a.name == "kernel_shape"] == [[1, 7]]
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    out = sess.run(None, {sess.get_inputs()[0].name: u.numpy()})[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(out, m(u).numpy(), rtol=1e-5, atol=1e-6)
