@@ -87,6 +87,13 @@ def _cpu_self_times(fn, iters=3):
     return {k: round(v, 3) for k, v in sorted(rows.items(), key=lambda kv: -kv[1])[:40]}
 
 
+def _device_meta():
+    """What every JSON of this script names: the GPU, torch and triton versions."""
+    import triton
+
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+
+
 def _op_inputs(b, L, h, p, n, dtype):
     """Inputs of one fwd+bwd call on the GPU (ngroups 1) and a function that runs it: call(**bi_ssd keywords)."""
     from yolo_bimamba.ops import bi_ssd
@@ -133,9 +140,7 @@ def kernels(args):
     if unknown:
         raise SystemExit(f"profile_gpu.py kernels: unknown --shapes {sorted(unknown)}; known: {[s[0] for s in shapes]}")
     pps_list = [float(v) for v in args.pps.split(",")]
-    import triton
-
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__, "runs": []}
+    out = {**_device_meta(), "runs": []}
     for name, b, L, h, p, n in shapes:
         if args.shapes and name not in args.shapes.split(","):
             continue
@@ -194,10 +199,7 @@ def model(args):
     calls = defaultdict(int)
     orig = bm.bi_ssd
 
-    import triton
-
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "precision": args.precision,
+    out = {**_device_meta(), "precision": args.precision,
            "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("YOLO_BIMAMBA_")}, "runs": []}
     for yaml in args.models.split(","):
         dev = torch.device("cuda")
@@ -295,10 +297,7 @@ def host(args):
            "cprofile_top": buf.getvalue().splitlines()[:80]}
     print(json.dumps({k: v for k, v in rec.items() if k != "cprofile_top"}), flush=True)
     print("\n".join(rec["cprofile_top"]))
-    import triton
-
-    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "runs": [rec]}
+    return {**_device_meta(), "runs": [rec]}
 
 
 def _host_ms(fn, reps=200, rounds=5):
@@ -360,7 +359,7 @@ def host_parts(args):
         dev = torch.cuda.current_device()
 
         def key(fn, _grid, a, kw):  # ops.launch's key of a launch
-            return id(fn), dev, tuple(kw.items()), tuple(map(launch_mod._arg_key, a))
+            return launch_mod.cache_key(fn, dev, a, kw)
 
         rec["launch_keys"] = _host_ms(lambda: [launch_mod._kept.get(key(*t)) for t in launches])
         kept = [launch_mod._kept.get(key(*t)) for t in launches]
@@ -396,10 +395,7 @@ def host_parts(args):
         rec["empty_autograd_function"] = _host_ms(lambda: torch.autograd.grad(Empty.apply(*ins), ins, dy))
         print(json.dumps(rec), flush=True)
         runs.append(rec)
-    import triton
-
-    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "autotune": os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1"), "runs": runs}
+    return {**_device_meta(), "autotune": os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1"), "runs": runs}
 
 
 def main():

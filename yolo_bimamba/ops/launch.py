@@ -77,17 +77,23 @@ def _hooks_set() -> bool:
     return rt is None or _hook_active(rt.launch_enter_hook) or _hook_active(rt.launch_exit_hook)
 
 
+def cache_key(fn, device, args, kwargs):
+    """The key of a kept compiled kernel: the kernel by identity (hashing a JITFunction hashes its source key:
+    microseconds per launch; the entry holds the function, so its id is not reused while the entry lives), the
+    device, the constexpr and launch options, and what Triton specialises each argument on; None where an argument
+    cannot be described (such launches always go through Triton)."""
+    sig = tuple(map(_arg_key, args))
+    return None if _Uncached in sig else (id(fn), device, tuple(kwargs.items()), sig)
+
+
 def launch(fn, grid, args, kwargs):
     """``fn[grid](*args, **kwargs)`` (``kwargs``: constexpr arguments and launch options such as num_warps), with the
     compiled kernel launched directly once Triton has compiled it for this specialisation."""
     key = None
     if DIRECT and args and isinstance(args[0], torch.Tensor) and args[0].is_cuda:
         device = torch.cuda.current_device()
-        sig = tuple(map(_arg_key, args))
-        if _Uncached not in sig:
-            # the kernel by identity (hashing a JITFunction hashes its source key: microseconds per launch); the
-            # entry holds the function, so its id is not reused while the entry lives
-            key = (id(fn), device, tuple(kwargs.items()), sig)
+        key = cache_key(fn, device, args, kwargs)
+        if key is not None:
             kept = _kept.get(key)
             if kept is not None and kept[0] is fn and not _hooks_set():
                 _fn, kernel, tail, spec = kept
