@@ -185,3 +185,64 @@ def test_fp16_scans_keep_their_dtype_off_cuda_and_for_the_pytorch_op():
     torch.manual_seed(0)
     m = BiMamba2(32, d_state=16, headdim=16).to(torch.float16)
     assert m(torch.randn(1, 9, 32, dtype=torch.float16)).dtype == torch.float16
+
+
+@pytest.mark.parametrize("kw", [
+    dict(d_model=32, d_state=32, headdim=32, chunk_size=64),
+    dict(d_model=48, d_state=16, headdim=16, ngroups=2, bias=True, chunk_size=16),
+    dict(d_model=24, d_state=8, headdim=8, conv_bias=False, chunk_size=8, dt_limit=(1e-3, 0.5)),
+])
+def test_bimamba2_graph_form_equals_eager(kw, monkeypatch, tmp_path):
+    """The form traced and exported graphs hold (BiMamba2._forward_graph: the in-projection's row blocks as separate
+    products, x, B, C channels-first through the conv and into the chunked op) is the eager function: equal in float64
+    with its gradients (L shorter than the conv, not a multiple of the chunk, several chunks; ngroups 1 and 2; biases
+    on and off), taken while a graph is traced (fused_switch.graph_tracing), and exported to ONNX without a Split or
+    a Transpose before the conv, with outputs equal to eager PyTorch in onnxruntime."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    import yolo_bimamba.nn.bimamba2 as bm
+
+    torch.manual_seed(0)
+    m = BiMamba2(**kw).double()
+    with torch.no_grad():
+        m.D.uniform_(-1, 1)
+        m.dt_bias.uniform_(-2, 1)
+        m.norm.weight.uniform_(0.5, 1.5)
+    for L in (1, 5, 37, 3 * kw["chunk_size"] + 5):
+        u = torch.randn(2, L, kw["d_model"], dtype=torch.float64, requires_grad=True)
+        ref = m(u)
+        got = m._forward_graph(u)
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+        g = torch.randn_like(ref)
+        params = [u] + list(m.parameters())
+        g_ref = torch.autograd.grad(ref, params, g)
+        g_got = torch.autograd.grad(got, params, g)
+        for a, b in zip(g_got, g_ref):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    calls = []
+    orig = bm.BiMamba2._forward_graph
+    monkeypatch.setattr(bm.BiMamba2, "_forward_graph", lambda self, u: calls.append(1) or orig(self, u))
+    monkeypatch.setattr(bm, "graph_tracing", lambda: True)
+    m(torch.randn(1, 9, kw["d_model"], dtype=torch.float64))
+    assert calls == [1]
+    monkeypatch.undo()
+
+    mf = BiMamba2(**kw).eval()
+    u = torch.randn(1, 2 * kw["chunk_size"] + 3, kw["d_model"])
+    path = tmp_path / "mixer.onnx"
+    torch.onnx.export(mf, (u,), str(path), opset_version=17, dynamo=False)
+    graph = onnx.load(str(path)).graph
+    ops = [n.op_type for n in graph.node]
+    assert "Split" not in ops and ops.count("Conv") == 3
+    producers = {o: n for n in graph.node for o in n.output}
+    for conv in (n for n in graph.node if n.op_type == "Conv"):
+        src = producers.get(conv.input[0])
+        while src is not None and src.op_type in ("Unsqueeze", "Add"):
+            src = producers.get(src.input[0])
+        assert src is not None and src.op_type == "MatMul", src  # the projection's rows, not a transposed copy
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    out = sess.run(None, {sess.get_inputs()[0].name: u.numpy()})[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(out, mf(u).numpy(), rtol=1e-4, atol=1e-5)

@@ -44,22 +44,30 @@ def _head_major(t: torch.Tensor, pad: int, nc: int, chunk: int, g: int, r: int) 
     return t.reshape(b, nc, chunk, g, r, *tail).permute(0, 3, 4, 1, 2, 5)
 
 
+def _head_major_channels_first(t: torch.Tensor, pad: int, nc: int, chunk: int, g: int, r: int) -> torch.Tensor:
+    """(b, h * p, l) channels-first (h = g * r) -> (b, g, r, c, t, p), padded to whole chunks: one transpose."""
+    b, cp, _ = t.shape
+    t = F.pad(t, (0, pad)) if pad else t
+    return t.reshape(b, g, r, cp // (g * r), nc, chunk).permute(0, 1, 2, 4, 5, 3)
+
+
 def _seq_major(y: torch.Tensor, l: int) -> torch.Tensor:
     """(b, g, r, c, t, p) -> (b, l, h, p)."""
     b, g, r, nc, chunk, p = y.shape
     return y.permute(0, 3, 4, 1, 2, 5).reshape(b, nc * chunk, g * r, p)[:, :l]
 
 
-def chunk_scan(xs, dts, A, Bs, Cs, reverse: bool):
+def chunk_scan(xs, dts, A, Bs, Cs, reverse: bool, b_transposed: bool = False):
     """One direction of the SSD on head-major chunks (see :func:`_head_major`).
 
     reverse=False (causal): z[t] = sum_{s<=t} (C_t . B_s) dt_s prod_{k=s+1..t} exp(dt_k A) x_s.
     reverse=True (anti-causal): z[t] = sum_{s>=t} (C_t . B_s) dt_s prod_{k=t..s-1} exp(dt_k A) x_s.
     xs (b, g, r, c, t, p), dts (b, g, r, c, t) processed (>= 0, 0 on padding), A (h,) <= 0, Bs/Cs (b, g, 1, c, t, n).
-    Returns z (b, g, r, c, t, p). Every contraction is a batched matmul; no flips.
+    Returns z (b, g, r, c, t, p). Every contraction is a batched matmul; no flips. ``b_transposed``: Bs is given as
+    (b, g, 1, c, n, t), each chunk's B transposed (what the channels-first export path builds in one transpose).
     """
     b, g, r, nc, chunk, p = xs.shape
-    n = Bs.shape[-1]
+    n = Bs.shape[-2 if b_transposed else -1]
     a = clamp_ste(dts * A.reshape(g, r)[None, :, :, None, None], lo=LOG_DECAY_FLOOR)  # log-decays, <= 0
     cs = torch.cumsum(a, dim=-1)  # within-chunk inclusive sums
     idx = torch.arange(chunk, device=xs.device)
@@ -75,11 +83,15 @@ def chunk_scan(xs, dts, A, Bs, Cs, reverse: bool):
         seg = csx[..., None, :] - csx[..., :, None]  # sum of a over t..s-1
         w_state = torch.exp(csx) * dts  # from the chunk's start to s (exclusive)
         w_out = torch.exp(cs[..., -1:] - csx)  # from t to the chunk's end
-    W = torch.matmul(Cs, Bs.transpose(-1, -2)) * _masked_decay(seg, tri) * dts[..., None, :]
+    CB = torch.matmul(Cs, Bs) if b_transposed else torch.matmul(Cs, Bs.transpose(-1, -2))
+    W = CB * _masked_decay(seg, tri) * dts[..., None, :]
     y = torch.matmul(W, xs)  # intra-chunk
 
     # state of each chunk as seen from the chunk boundary the scan leaves it by: (n, p) per chunk
-    states = torch.matmul((Bs * w_state[..., None]).transpose(-1, -2), xs)  # (b, g, r, c, n, p)
+    if b_transposed:
+        states = torch.matmul(Bs * w_state[..., None, :], xs)  # (b, g, r, c, n, p)
+    else:
+        states = torch.matmul((Bs * w_state[..., None]).transpose(-1, -2), xs)
     chunk_a = cs[..., -1]  # (b, g, r, c)
     acum = torch.cumsum(chunk_a, dim=-1)
     if not reverse:  # state entering chunk c: chunks c' < c, decayed over chunks c'+1..c-1
@@ -136,4 +148,38 @@ def bi_ssd_torch(
         if D is not None:
             Df = f(D)
             y = y + xf * (Df[:, None] if Df.dim() == 1 else Df)
+    return y.to(out_dtype)
+
+
+def bi_ssd_torch_channels_first(x, dt, A, B, C, *, ngroups, chunk_size=64, D=None, dt_bias=None, dt_softplus=False,
+                                dt_limit=(0.0, float("inf"))):
+    """:func:`bi_ssd_torch` (both directions, no shift, one dt, B, C) from channels-first x (b, h * p, l) and
+    B, C (b, ngroups * n, l), dt (b, l, h) as usual; returns y (b, l, h, p). The export path of nn.BiMamba2: its
+    in-projection and conv produce these layouts without a transpose, and each goes head-major in one transpose
+    (the sequence-major form would need one more per tensor in an exported graph). Same sums as bi_ssd_torch; D x is
+    added head-major, before the one transpose back."""
+    out_dtype = x.dtype
+    cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        f = lambda t: None if t is None else t.to(cdt)  # noqa: E731
+        xf, Af = f(x), clamp_A(f(A))
+        dtf = process_dt(f(dt), f(dt_bias), dt_softplus, dt_limit)
+        b, l, h = dt.shape
+        g, p = ngroups, x.shape[1] // h
+        r = h // g
+        chunk = chunk_size
+        pad = (-l) % chunk
+        nc = (l + pad) // chunk
+        xs = _head_major_channels_first(xf, pad, nc, chunk, g, r)
+        dts = _head_major(dtf, pad, nc, chunk, g, r)
+        Cs = _head_major_channels_first(f(C), pad, nc, chunk, g, 1)
+        # B as each chunk's transpose (b, g, 1, c, n, t): one transpose of the layout, none at its two products
+        Bf = f(B)
+        Bf = F.pad(Bf, (0, pad)) if pad else Bf
+        BsT = Bf.reshape(b, g, 1, Bf.shape[1] // g, nc, chunk).permute(0, 1, 2, 4, 3, 5)
+        y = chunk_scan(xs, dts, Af, BsT, Cs, False, True) + chunk_scan(xs, dts, Af, BsT, Cs, True, True)
+        if D is not None:
+            Df = f(D)
+            y = y + xs * (Df.reshape(1, g, r, 1, 1, 1) if Df.dim() == 1 else Df.reshape(1, g, r, 1, 1, p))
+        y = _seq_major(y, l)
     return y.to(out_dtype)

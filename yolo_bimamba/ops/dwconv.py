@@ -31,9 +31,15 @@ def dwconv_silu_reference(u: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 def dwconv_silu_export(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """:func:`dwconv_silu_reference` as a depthwise 2-D convolution over (c, 1, l): what traced and exported graphs
     hold (the same sums; onnxruntime runs it faster than a grouped 1-D Conv on the CPU, see the module docstring)."""
+    return dwconv_silu_channels_first(u.transpose(1, 2), weight, bias).transpose(1, 2)
+
+
+def dwconv_silu_channels_first(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The same on the channels-first layout (b, c, l) -> (b, c, l), written as that depthwise Conv2d (the export
+    path of nn.BiMamba2 feeds it the in-projection's rows in this layout, so that no transpose surrounds the conv)."""
     c, k = weight.shape[0], weight.shape[-1]
-    y = F.conv2d(u.transpose(1, 2).unsqueeze(2), weight.unsqueeze(2), bias, padding=(0, k // 2), groups=c)
-    return F.silu(y.squeeze(2).transpose(1, 2))
+    y = F.conv2d(u.unsqueeze(2), weight.unsqueeze(2), bias, padding=(0, k // 2), groups=c)
+    return F.silu(y.squeeze(2))
 
 
 def validate_dwconv(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
