@@ -23,6 +23,10 @@ both, from dots of inputs only):
   Lam_in^T B_s + exp(cs_end) <Lam_in, H_in>: every term is a chunk's own, nothing is summed across chunks but the
   states themselves.
 
+* segment-local (``--seg``): telescoped as above, but only inside segments of that many rows, each restarted from
+  the exact value at the next segment's first row (the kernels' segment-boundary states give it): no per-chunk
+  states, and the rounding accumulates over a segment instead of the sequence.
+
 Emulated roundings (k = number of bf16 parts of the fp32 operand of a state dot: 1 = plain bf16 tensor-core dot,
 3 = the kernels' bf16x3; "exact" = float64 throughout): the operands (w x) of the state update and (exp(cs) dy) of
 the adjoint update, and H_in, Lam_in in the read-outs; states carried in fp32; the per-position terms and every sum
@@ -32,7 +36,7 @@ float64 chunk-local sum, checked against autograd through the package's PyTorch 
 (tests/test_chunk_local_grad.py). Not emulated: the fp32 rounding inside a dot's accumulation (2^-24 per add).
 
     python benchmarks/chunk_local_grad_study.py [--case softplus-input-10|normal|dt-1e2-A-1e2] [--L 65536] [--heads 8]
-        [--out benchmarks/results/....json]
+        [--seg 256,1024] [--out benchmarks/results/....json]
 """
 from __future__ import annotations
 
@@ -90,7 +94,7 @@ def inputs(L, heads, case="softplus-input-10", seed=7, p=64, n=64):
     return dict(x=bf(L, heads, p), dt=dt, A=A, B=bf(L, n), C=bf(L, n), dy=bf(L, heads, p))
 
 
-def grads(x, dt, A, B, C, dy, k, form, stored_parts="exact"):
+def grads(x, dt, A, B, C, dy, k, form, stored_parts="exact", seg_rows=None):
     """G (L,) and dA of one head: x, dy (L, p); dt (L,); A scalar; B, C (L, n). ``k``: bf16 parts of the state dots'
     fp32 operands ("exact": float64 throughout); ``form``: "local" or "telescoped". ``stored_parts``: bf16 parts of
     the chunk states H_in in the boundary term <Lam_in, H_in> (1: states kept per chunk in bf16, to save memory)."""
@@ -139,6 +143,21 @@ def grads(x, dt, A, B, C, dy, k, form, stored_parts="exact"):
         T3 = torch.cumsum(f_out, 1) - f_out  # sum_{s < t}
         T4 = (torch.exp(cs_end[:, 0]) * (Lam_in * bf16_parts(H_in, stored_parts)).sum((1, 2))).to(acc)[:, None]
         G = T1 + T2 + T3 + T4
+    elif form == "segment":
+        # telescoped inside segments of ``seg`` rows only, each restarted from the exact boundary value at the next
+        # segment's first row: G there = sum_(u in its chunk) in_u + T4 of that chunk (the kernels' boundary
+        # states give it as exp(l_b) <h_(b-1), lam_b> in fp32)
+        T4 = (torch.exp(cs_end[:, 0]) * (Lam_in * H_in).sum((1, 2))).to(acc)
+        Z = e_in.sum(1) + T4  # (nc,) G at each chunk's first row
+        cpc = seg_rows // Q
+        ns = nc // cpc
+        e2 = e_in.reshape(ns, cpc * Q)
+        o2 = f_out.reshape(ns, cpc * Q)
+        rin = torch.flip(torch.cumsum(torch.flip(e2, [1]), 1), [1])
+        rout = torch.flip(torch.cumsum(torch.flip(o2, [1]), 1), [1])
+        Znext = torch.zeros(ns, dtype=acc)
+        Znext[:-1] = Z.reshape(ns, cpc)[1:, 0]
+        G = T1 + (rin - rout + Znext[:, None]).reshape(nc, Q)
     else:
         rev_in = torch.flip(torch.cumsum(torch.flip(e_in.reshape(-1), [0]), 0), [0])
         rev_out = torch.flip(torch.cumsum(torch.flip(f_out.reshape(-1), [0]), 0), [0])
@@ -171,9 +190,13 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--case", default="softplus-input-10", choices=CASES)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--seg", default="", help="comma-separated segment lengths (multiples of 64) for the segment form")
     a = ap.parse_args(argv)
     if a.L % Q:
         sys.exit(f"--L must be a multiple of {Q}")
+    segs = [int(v) for v in a.seg.split(",") if v]
+    if any(v % Q or a.L % v for v in segs):
+        sys.exit(f"--seg values must be multiples of {Q} dividing --L")
     t0 = time.time()
     inp = inputs(a.L, a.heads, a.case)
     rows = []
@@ -189,13 +212,18 @@ def main(argv=None):
                 row[f"{form}_k{k}"] = dict(G=rel(G, G_ref), dA=dA.item())
         G, dA = grads(*args, 1, "local", stored_parts=1)
         row["local_k1_bf16_chunk_states"] = dict(G=rel(G, G_ref), dA=dA.item())
+        for sg in segs:
+            for k in (1, 2):
+                G, dA = grads(*args, k, "segment", seg_rows=sg)
+                row[f"segment{sg}_k{k}"] = dict(G=rel(G, G_ref), dA=dA.item())
         rows.append(row)
         print(json.dumps(row), flush=True)
     # as the GPU suite measures dA: the relative error of the vector over heads
     dA_ref = torch.tensor([r["dA"] for r in rows], dtype=F64)
     summary = {"autograd_vs_chunk_local_dA": rel(torch.tensor([r["dA_autograd"] for r in rows], dtype=F64), dA_ref),
                "exact_telescoped_vs_local_G_max": max(r["exact_telescoped_vs_local"] for r in rows)}
-    for key in [f"{form}_k{k}" for form in ("telescoped", "local") for k in (1, 2, 3)] + ["local_k1_bf16_chunk_states"]:
+    for key in [f"{form}_k{k}" for form in ("telescoped", "local") for k in (1, 2, 3)] + ["local_k1_bf16_chunk_states"] + [
+            f"segment{sg}_k{k}" for sg in segs for k in (1, 2)]:
         summary[key] = dict(dA_rel=rel(torch.tensor([r[key]["dA"] for r in rows], dtype=F64), dA_ref),
                             G_max_rel=max(r[key]["G"] for r in rows))
     res = dict(case=a.case, L=a.L, heads=a.heads, chunk=Q, torch=torch.__version__, seconds=round(time.time() - t0, 1),

@@ -94,8 +94,8 @@ def _device_meta():
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
 
 
-def _op_inputs(b, L, h, p, n, dtype):
-    """Inputs of one fwd+bwd call on the GPU (ngroups 1) and a function that runs it: call(**bi_ssd keywords)."""
+def _op_inputs(b, L, h, p, n, dtype, g=1):
+    """Inputs of one fwd+bwd call on the GPU (ngroups g) and a function that runs it: call(**bi_ssd keywords)."""
     from yolo_bimamba.ops import bi_ssd
 
     torch.manual_seed(0)
@@ -103,8 +103,8 @@ def _op_inputs(b, L, h, p, n, dtype):
     x = torch.randn(b, L, h, p, device=dev, dtype=dtype, requires_grad=True)
     dt = (torch.rand(b, L, h, device=dev) - 3.0).to(dtype).requires_grad_()
     A = (-torch.rand(h, device=dev) * 2 - 0.5).requires_grad_()
-    B = torch.randn(b, L, 1, n, device=dev, dtype=dtype, requires_grad=True)
-    C = torch.randn(b, L, 1, n, device=dev, dtype=dtype, requires_grad=True)
+    B = torch.randn(b, L, g, n, device=dev, dtype=dtype, requires_grad=True)
+    C = torch.randn(b, L, g, n, device=dev, dtype=dtype, requires_grad=True)
     D = torch.ones(h, device=dev, requires_grad=True)
     bias = torch.zeros(h, device=dev, requires_grad=True)
     dy = torch.randn_like(x)
@@ -141,10 +141,11 @@ def kernels(args):
         raise SystemExit(f"profile_gpu.py kernels: unknown --shapes {sorted(unknown)}; known: {[s[0] for s in shapes]}")
     pps_list = [float(v) for v in args.pps.split(",")]
     out = {**_device_meta(), "runs": []}
-    for name, b, L, h, p, n in shapes:
+    for (name, b, L, h, p, n), groups in [(s, gr) for s in shapes for gr in args.groups.split(",")]:
         if args.shapes and name not in args.shapes.split(","):
             continue
-        x, call = _op_inputs(b, L, h, p, n, _DTYPES[args.dtype])
+        g = h if groups == "h" else int(groups)
+        x, call = _op_inputs(b, L, h, p, n, _DTYPES[args.dtype], g)
         ints = lambda v: [int(c) for c in v.split(",")] if v else [None]  # noqa: E731
         variants = [(d, pps, prec, cfg, split, fcfg, scfg, pcfg) for d in args.directions.split(",") for pps in pps_list
                     for prec in (args.prec.split(";") if args.prec else [None])
@@ -168,7 +169,7 @@ def kernels(args):
             with triton_op.force_config(**forced):
                 times, launches = _kernel_times(step)
             total = sum(times.values())
-            rec = {"shape": name, "dtype": args.dtype, "direction": direction, "programs_per_sm": pps,
+            rec = {"shape": name, "ngroups": g, "dtype": args.dtype, "direction": direction, "programs_per_sm": pps,
                    "dot_prec": prec, "bwd_cfg": cfg,
                    "fwd_cfg": fcfg, "state_cfg": scfg, "pairs_cfg": pcfg, "split": split, "seg_rows": seg,
                    "nseg": -(-L // seg),
@@ -177,7 +178,7 @@ def kernels(args):
                    "kernels_ms": {k: round(v, 4) for k, v in times.items()}}
             out["runs"].append(rec)
             top = ", ".join(f"{k[:40]}={v:.3f}" for k, v in list(times.items())[:6])
-            print(f"{name} {direction} pps={pps} prec={prec} fwd={fcfg} bwd={cfg} state={scfg} pairs={pcfg} split={split} "
+            print(f"{name} g{g} {direction} pps={pps} prec={prec} fwd={fcfg} bwd={cfg} state={scfg} pairs={pcfg} split={split} "
                   f"seg={seg}: "
                   f"total {total:.3f} ms, "
                   f"{launches} launches; {top}", flush=True)
@@ -413,6 +414,7 @@ def main():
     ap.add_argument("--splits", default="",
                     help="kernels: backward directions in two launches (1) or one (0), e.g. 1,0")
     ap.add_argument("--shapes", default="", help="kernels: shape names, comma separated (default all)")
+    ap.add_argument("--groups", default="1", help="kernels: ngroups values, comma separated (h: one per head)")
     ap.add_argument("--dtype", default="bf16", choices=list(_DTYPES), help="kernels: the inputs' dtype")
     ap.add_argument("--models", default="yolov8n-bimamba.yaml,yolov8n.yaml")
     ap.add_argument("--precision", default="bf16", choices=list(_DTYPES))

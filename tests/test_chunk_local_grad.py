@@ -1,5 +1,5 @@
 """The log-decay gradient formulas of benchmarks/chunk_local_grad_study.py (the design study for bf16 state dots in
-the backward): in float64 both the chunk-local and the telescoped sums equal autograd through the package's PyTorch
+the backward): in float64 the chunk-local, the telescoped and the segment-local sums equal autograd through the package's PyTorch
 op, for every input case of the study, so the study compares roundings of one correct quantity."""
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ def test_both_sums_equal_autograd_in_float64(case):
         assert abs(dA_loc.item() - ref) <= 1e-9 * max(1.0, abs(ref)), (case, h, dA_loc.item(), ref)
         assert abs(dA_tel.item() - ref) <= 1e-9 * max(1.0, abs(ref)), (case, h, dA_tel.item(), ref)
         assert study.rel(G_tel, G_loc) < 1e-10
+        G_seg, dA_seg = study.grads(*args, "exact", "segment", seg_rows=2 * study.Q)
+        assert abs(dA_seg.item() - ref) <= 1e-9 * max(1.0, abs(ref)), (case, h, dA_seg.item(), ref)
+        assert study.rel(G_seg, G_loc) < 1e-10
         # one emulated plain-bf16 variant: finite, and not the exact value (the rounding is applied)
         G1, dA1 = study.grads(*args, 1, "local")
         assert torch.isfinite(G1).all() and 0 < study.rel(G1, G_loc) < 1e-2
