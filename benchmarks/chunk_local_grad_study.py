@@ -96,8 +96,9 @@ def inputs(L, heads, case="softplus-input-10", seed=7, p=64, n=64):
 
 def grads(x, dt, A, B, C, dy, k, form, stored_parts="exact", seg_rows=None):
     """G (L,) and dA of one head: x, dy (L, p); dt (L,); A scalar; B, C (L, n). ``k``: bf16 parts of the state dots'
-    fp32 operands ("exact": float64 throughout); ``form``: "local" or "telescoped". ``stored_parts``: bf16 parts of
-    the chunk states H_in in the boundary term <Lam_in, H_in> (1: states kept per chunk in bf16, to save memory)."""
+    fp32 operands ("exact": float64 throughout); ``form``: "local", "telescoped" or "segment" (telescoped inside
+    segments of ``seg_rows`` rows). ``stored_parts``: bf16 parts of the chunk states H_in in the boundary term
+    <Lam_in, H_in> (1: states kept per chunk in bf16, to save memory)."""
     exact = k == "exact"
     acc = F64 if exact else F32  # per-position terms and sums: fp32 as in the kernels
     L, p = x.shape
@@ -144,7 +145,7 @@ def grads(x, dt, A, B, C, dy, k, form, stored_parts="exact", seg_rows=None):
         T4 = (torch.exp(cs_end[:, 0]) * (Lam_in * bf16_parts(H_in, stored_parts)).sum((1, 2))).to(acc)[:, None]
         G = T1 + T2 + T3 + T4
     elif form == "segment":
-        # telescoped inside segments of ``seg`` rows only, each restarted from the exact boundary value at the next
+        # telescoped inside segments of ``seg_rows`` rows only, each restarted from the exact boundary value at the next
         # segment's first row: G there = sum_(u in its chunk) in_u + T4 of that chunk (the kernels' boundary
         # states give it as exp(l_b) <h_(b-1), lam_b> in fp32)
         T4 = (torch.exp(cs_end[:, 0]) * (Lam_in * H_in).sum((1, 2))).to(acc)
@@ -222,8 +223,8 @@ def main(argv=None):
     dA_ref = torch.tensor([r["dA"] for r in rows], dtype=F64)
     summary = {"autograd_vs_chunk_local_dA": rel(torch.tensor([r["dA_autograd"] for r in rows], dtype=F64), dA_ref),
                "exact_telescoped_vs_local_G_max": max(r["exact_telescoped_vs_local"] for r in rows)}
-    for key in [f"{form}_k{k}" for form in ("telescoped", "local") for k in (1, 2, 3)] + ["local_k1_bf16_chunk_states"] + [
-            f"segment{sg}_k{k}" for sg in segs for k in (1, 2)]:
+    keys = [f"{form}_k{k}" for form in ("telescoped", "local") for k in (1, 2, 3)] + ["local_k1_bf16_chunk_states"]
+    for key in keys + [f"segment{sg}_k{k}" for sg in segs for k in (1, 2)]:
         summary[key] = dict(dA_rel=rel(torch.tensor([r[key]["dA"] for r in rows], dtype=F64), dA_ref),
                             G_max_rel=max(r[key]["G"] for r in rows))
     res = dict(case=a.case, L=a.L, heads=a.heads, chunk=Q, torch=torch.__version__, seconds=round(time.time() - t0, 1),

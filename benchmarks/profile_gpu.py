@@ -178,8 +178,8 @@ def kernels(args):
                    "kernels_ms": {k: round(v, 4) for k, v in times.items()}}
             out["runs"].append(rec)
             top = ", ".join(f"{k[:40]}={v:.3f}" for k, v in list(times.items())[:6])
-            print(f"{name} g{g} {direction} pps={pps} prec={prec} fwd={fcfg} bwd={cfg} state={scfg} pairs={pcfg} split={split} "
-                  f"seg={seg}: "
+            print(f"{name} g{g} {direction} pps={pps} prec={prec} fwd={fcfg} bwd={cfg} state={scfg} pairs={pcfg} "
+                  f"split={split} seg={seg}: "
                   f"total {total:.3f} ms, "
                   f"{launches} launches; {top}", flush=True)
         triton_op._dot_precisions = orig_prec

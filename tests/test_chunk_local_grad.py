@@ -1,6 +1,6 @@
 """The log-decay gradient formulas of benchmarks/chunk_local_grad_study.py (the design study for bf16 state dots in
-the backward): in float64 the chunk-local, the telescoped and the segment-local sums equal autograd through the package's PyTorch
-op, for every input case of the study, so the study compares roundings of one correct quantity."""
+the backward): in float64 the chunk-local, the telescoped and the segment-local sums equal autograd through the
+package's PyTorch op, for every input case of the study, so the study compares roundings of one correct quantity."""
 from __future__ import annotations
 
 import importlib.util

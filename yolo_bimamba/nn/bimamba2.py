@@ -114,7 +114,7 @@ class BiMamba2(nn.Module):
         z, xbc, dt = torch.split(self.in_proj(u), [self.d_inner, self.d_inner + 2 * gn, self.nheads], dim=-1)
         xbc = dwconv_silu(xbc, self.conv1d.weight, self.conv1d.bias, backend=self.backend)  # fused on CUDA
         x, B, C = torch.split(xbc, [self.d_inner, gn, gn], dim=-1)
-        A = -torch.exp(self.A_log.float().clamp(max=A_LOG_MAX))
+        A = self._A()
         sd = mixer_scan_dtype(x, self.headdim, self.d_state, self.backend)  # fp16 -> bf16 on CUDA (FP16_SCAN)
         y = bi_ssd(
             x.reshape(b, l, self.nheads, self.headdim).to(sd), dt, A,
@@ -124,6 +124,10 @@ class BiMamba2(nn.Module):
         ).to(x.dtype)
         y = self.norm(y.reshape(b, l, self.d_inner), z)
         return self.out_proj(y)
+
+    def _A(self) -> torch.Tensor:
+        """A = -exp(A_log) in fp32, A_log clamped to A_LOG_MAX (both forward forms)."""
+        return -torch.exp(self.A_log.float().clamp(max=A_LOG_MAX))
 
     def _forward_graph(self, u: torch.Tensor) -> torch.Tensor:
         """The same function as traced and exported graphs hold it (ONNX, TorchScript, torch.export): the
@@ -144,7 +148,7 @@ class BiMamba2(nn.Module):
             t = torch.matmul(pw, ut) if pb is None else torch.matmul(pw, ut) + pb[:, None]
             return dwconv_silu_channels_first(t, cw[lo:hi], None if cb is None else cb[lo:hi])
 
-        A = -torch.exp(self.A_log.float().clamp(max=A_LOG_MAX))
+        A = self._A()
         y = bi_ssd_torch_channels_first(
             conv(0, di), dt, A, conv(di, di + gn), conv(di + gn, di + 2 * gn), ngroups=self.ngroups,
             chunk_size=self.chunk_size, D=self.D, dt_bias=self.dt_bias, dt_softplus=True, dt_limit=self.dt_limit,

@@ -44,11 +44,14 @@ def _head_major(t: torch.Tensor, pad: int, nc: int, chunk: int, g: int, r: int) 
     return t.reshape(b, nc, chunk, g, r, *tail).permute(0, 3, 4, 1, 2, 5)
 
 
-def _head_major_channels_first(t: torch.Tensor, pad: int, nc: int, chunk: int, g: int, r: int) -> torch.Tensor:
-    """(b, h * p, l) channels-first (h = g * r) -> (b, g, r, c, t, p), padded to whole chunks: one transpose."""
+def _head_major_channels_first(t: torch.Tensor, pad: int, nc: int, chunk: int, g: int, r: int,
+                               transposed: bool = False) -> torch.Tensor:
+    """(b, h * p, l) channels-first (h = g * r) -> (b, g, r, c, t, p), padded to whole chunks: one transpose.
+    ``transposed``: each chunk's matrix transposed, (b, g, r, c, p, t), in that one transpose."""
     b, cp, _ = t.shape
     t = F.pad(t, (0, pad)) if pad else t
-    return t.reshape(b, g, r, cp // (g * r), nc, chunk).permute(0, 1, 2, 4, 5, 3)
+    order = (0, 1, 2, 4, 3, 5) if transposed else (0, 1, 2, 4, 5, 3)
+    return t.reshape(b, g, r, cp // (g * r), nc, chunk).permute(order)
 
 
 def _seq_major(y: torch.Tensor, l: int) -> torch.Tensor:
@@ -174,9 +177,7 @@ def bi_ssd_torch_channels_first(x, dt, A, B, C, *, ngroups, chunk_size=64, D=Non
         dts = _head_major(dtf, pad, nc, chunk, g, r)
         Cs = _head_major_channels_first(f(C), pad, nc, chunk, g, 1)
         # B as each chunk's transpose (b, g, 1, c, n, t): one transpose of the layout, none at its two products
-        Bf = f(B)
-        Bf = F.pad(Bf, (0, pad)) if pad else Bf
-        BsT = Bf.reshape(b, g, 1, Bf.shape[1] // g, nc, chunk).permute(0, 1, 2, 4, 3, 5)
+        BsT = _head_major_channels_first(f(B), pad, nc, chunk, g, 1, transposed=True)
         y = chunk_scan(xs, dts, Af, BsT, Cs, False, True) + chunk_scan(xs, dts, Af, BsT, Cs, True, True)
         if D is not None:
             Df = f(D)
