@@ -147,17 +147,14 @@ def kernels(args):
         g = h if groups == "h" else int(groups)
         x, call = _op_inputs(b, L, h, p, n, _DTYPES[args.dtype], g)
         ints = lambda v: [int(c) for c in v.split(",")] if v else [None]  # noqa: E731
-        forms = args.forms.split(",") if args.forms else [None]
-        variants = [(d, pps, prec, cfg, split, fcfg, scfg, pcfg, form, ccfg) for d in args.directions.split(",")
-                    for pps in pps_list
+        variants = [(d, pps, prec, cfg, split, fcfg, scfg, pcfg) for d in args.directions.split(",") for pps in pps_list
                     for prec in (args.prec.split(";") if args.prec else [None])
-                    for form in forms for ccfg in (ints(args.chunk_cfgs) if form == "chunk" else [None])
-                    for cfg in (ints(args.bwd_cfgs) if form != "chunk" else [None])
+                    for cfg in ints(args.bwd_cfgs)
                     for split in ([bool(int(v)) for v in args.splits.split(",")] if args.splits else [None])
                     for fcfg in ints(args.fwd_cfgs) for scfg in ints(args.state_cfgs)
                     for pcfg in ints(getattr(args, "pairs_cfgs", ""))]
         orig_prec = triton_op._dot_precisions
-        for direction, pps, prec, cfg, split, fcfg, scfg, pcfg, form, ccfg in variants:
+        for direction, pps, prec, cfg, split, fcfg, scfg, pcfg in variants:
             triton_op._PROGRAMS_PER_SM = pps
             if prec:
                 triton_op._dot_precisions = lambda x, prec=prec: dict(zip(triton_op.DOT_CLASSES, prec.split(",")))
@@ -165,17 +162,15 @@ def kernels(args):
                 triton_op._dot_precisions = orig_prec
 
             step = functools.partial(call, direction=direction)
-            seg = triton_op.SEG_MULTIPLE if form == "chunk" else triton_op.segment_rows(b, h, L, x.device)
+            seg = triton_op.segment_rows(b, h, L, x.device)
             forced = dict(bwd=cfg, split=split, fwd=fcfg, state=scfg)
-            if form is not None:  # (absent before the chunk form: A/B runs against older commits)
-                forced.update(form=form, chunk=ccfg)
             if pcfg is not None:  # (absent before the in-chunk pairs kernel: A/B runs against older commits)
                 forced["pairs"] = pcfg
             with triton_op.force_config(**forced):
                 times, launches = _kernel_times(step)
             total = sum(times.values())
             rec = {"shape": name, "ngroups": g, "dtype": args.dtype, "direction": direction, "programs_per_sm": pps,
-                   "dot_prec": prec, "bwd_cfg": cfg, "form": form, "chunk_cfg": ccfg,
+                   "dot_prec": prec, "bwd_cfg": cfg,
                    "fwd_cfg": fcfg, "state_cfg": scfg, "pairs_cfg": pcfg, "split": split, "seg_rows": seg,
                    "nseg": -(-L // seg),
                    "total_ms": round(total, 4),
@@ -183,8 +178,7 @@ def kernels(args):
                    "kernels_ms": {k: round(v, 4) for k, v in times.items()}}
             out["runs"].append(rec)
             top = ", ".join(f"{k[:40]}={v:.3f}" for k, v in list(times.items())[:6])
-            print(f"{name} g{g} {direction} form={form} chunk={ccfg} pps={pps} prec={prec} fwd={fcfg} bwd={cfg} "
-                  f"state={scfg} pairs={pcfg} "
+            print(f"{name} g{g} {direction} pps={pps} prec={prec} fwd={fcfg} bwd={cfg} state={scfg} pairs={pcfg} "
                   f"split={split} seg={seg}: "
                   f"total {total:.3f} ms, "
                   f"{launches} launches; {top}", flush=True)
@@ -417,8 +411,6 @@ def main():
     ap.add_argument("--fwd-cfgs", default="", help="kernels: forced forward configs, comma separated")
     ap.add_argument("--state-cfgs", default="", help="kernels: forced state-kernel configs, comma separated")
     ap.add_argument("--pairs-cfgs", default="", help="kernels: forced in-chunk pairs kernel configs, comma separated")
-    ap.add_argument("--forms", default="", help="kernels: the backward's forms (segment, chunk), comma separated")
-    ap.add_argument("--chunk-cfgs", default="", help="kernels: forced chunk-form backward configs, comma separated")
     ap.add_argument("--splits", default="",
                     help="kernels: backward directions in two launches (1) or one (0), e.g. 1,0")
     ap.add_argument("--shapes", default="", help="kernels: shape names, comma separated (default all)")

@@ -125,9 +125,8 @@ def _call_op(dtype_name, p, n, g, h, v):
             per_q.setdefault(cfg.kwargs["BLOCK_Q"], i)
     fwds, bwds = list(range(len(FWD_CONFIGS))), list(per_q.values())
     runs = [(None, None)] + [(fwds[i % len(fwds)], bwds[i % len(bwds)]) for i in range(max(len(fwds), len(bwds)))]
-    # ... and the backward in its chunk form (every config of the chunk kernel, through its autotuner)
-    for forced in [dict(seg=256, fwd=fwd, bwd=bwd) for fwd, bwd in runs] + [dict(form="chunk")]:
-        with force_config(split=v.get("split"), **forced):
+    for fwd, bwd in runs:
+        with force_config(seg=256, split=v.get("split"), fwd=fwd, bwd=bwd):
             y = bi_ssd_triton(x, dtt, A, B, C, **kw)
             leaves = [t for t in [x, dtt, A, B, C, *kw.values()] if isinstance(t, torch.Tensor)]
             torch.autograd.grad(y, leaves, torch.randn_like(y))

@@ -103,11 +103,6 @@ BWD_CONFIGS = [
 ]
 
 
-# the chunk-parallel form of the backward's state terms (_bi_ssd_bwd_chunk_kernel: segments of one chunk, BLOCK_Q rows,
-# one program per chunk); its BLOCK_Q is the segments' rows, so it is SEG_MULTIPLE (below)
-CHUNK_CONFIGS = [triton.Config({"BLOCK_Q": 64}, num_warps=nw, num_stages=ns) for nw, ns in [(4, 1), (8, 1), (4, 2)]]
-
-
 # the backward's in-chunk pairs (one chunk per program): warps only, BLOCK_Q is the segment kernel's (the same chunks).
 # In chunks of 32 rows 2 warps were the fastest on an H200 at every profiled shape (b32 L1600 h8 p32 n32: 0.188 ms,
 # 4 warps 0.310, 8 warps 0.826; b16 L1600 h8 p64 n64: 0.159 / 0.176 / 0.238: benchmarks/results/session10); in chunks
@@ -122,7 +117,6 @@ STATE_CONFIGS = _qp_configs(_QP_TILES) + _qp_configs(_QP_TILES[2:], 2)
 # segments are a whole number of chunks of every kernel and config (the BLOCK_Qs are powers of two)
 SEG_MULTIPLE = max(c.kwargs["BLOCK_Q"] for c in FWD_CONFIGS + BWD_CONFIGS + STATE_CONFIGS)
 assert all(SEG_MULTIPLE % c.kwargs["BLOCK_Q"] == 0 for c in FWD_CONFIGS + BWD_CONFIGS + STATE_CONFIGS)
-assert all(c.kwargs["BLOCK_Q"] == SEG_MULTIPLE for c in CHUNK_CONFIGS)
 # rows per program of the last backward pass (per-position scalars only)
 PASS_C_ROWS = 128
 
@@ -911,125 +905,6 @@ def _bi_ssd_bwd_kernel(
     # per-(batch * head, segment) partial of dD (from the first launch only)
     if not ACC:
         tl.store(part_ptr + (pid.to(tl.int64) * nseg + seg) * P + offs_p, dD_acc, mask=mask_p)
-
-
-@triton.jit
-def _bi_ssd_bwd_chunk_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, dy_ptr,
-    dx_ptr, dB_ptr, dC_ptr, ddt_ptr, dBb_ptr, dCb_ptr, ddtb_ptr, scr_ptr, part_ptr, st_ptr, gst_ptr,
-    L, H, G, SEG, dt_lo, dt_hi,
-    P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SEPARATE: tl.constexpr, SHARE: tl.constexpr,
-    HAS_D: tl.constexpr, D_PER_P: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-    GRAD_PER_HEAD: tl.constexpr, ACC: tl.constexpr, COMPUTE: tl.constexpr, DOT_ST: tl.constexpr,
-    DOT_RD: tl.constexpr, DOT_LO: tl.constexpr, BLOCK_Q: tl.constexpr,
-):
-    """The backward's state terms in the chunk-parallel form: one program per (batch * head, chunk), every chunk a
-    segment of its own (SEG == BLOCK_Q), so the four states it reads, S_f and dS_b entering the chunk from the left,
-    S_b and dS_f from the right, are the state kernels' boundary states, and nothing is walked: the chunk's inputs are
-    loaded once and serve both passes of _bi_ssd_bwd_kernel (which this kernel replaces in this form, with the same
-    arguments, outputs and scratch slots) and no state is updated. Each state is read where it is used, so one
-    (d_state x headdim) tile is live at a time. DOT_ST is unused (the state kernels did the updates)."""
-    pid = tl.program_id(0)
-    c = tl.program_id(1)
-    hidx, gidx, b64 = _head_coords(pid, H, G)
-
-    offs_q, offs_p, offs_n, mask_p, mask_n = _tile_offsets(0, P, N, BLOCK_Q, BLOCK_P, BLOCK_N)
-    xo = b64 * L * H * P + hidx * P
-    dto = b64 * L * H + hidx
-    bco = b64 * L * G * N + gidx * N
-    if GRAD_PER_HEAD:
-        go = b64 * L * H * N + hidx * N
-        gstride = H * N
-    else:
-        go = bco
-        gstride = G * N
-    so = pid.to(tl.int64) * 6 * L
-    _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
-    xstride = H * P
-    bstride = G * N
-    SH_F: tl.constexpr = 1 if SHIFT else 0
-    SH_B: tl.constexpr = -1 if SHIFT else 0
-    nseg = tl.cdiv(L, SEG)  # = the number of chunks
-    tile = offs_n[:, None] * P + offs_p[None, :]
-    m_st = mask_n[:, None] & mask_p[None, :]
-    rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride,
-                                                         BLOCK_Q)
-    g_off = go + rows[:, None] * gstride + offs_n[None, :]
-    xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-    if ACC:  # the other direction's launch wrote dx (with D dy) already
-        dxv = tl.load(dx_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-    else:
-        dxv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)
-    dBv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
-    dCv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
-    if DO_F:
-        dtf, af, csf, _lastf, tailf, Bf, Cf, dzf = _dir_chunk(
-            _dt_rows(dt_ptr + dto, rows, L, H), B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q,
-            offs_p, mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q)
-        # pairs with t in later chunks, through the gradient of the causal state leaving this chunk
-        dS = _entry_state(gst_ptr, pid, c, nseg, tile, m_st, 1, N, P).to(COMPUTE)
-        ef_end = tl.exp(tailf - af)
-        uf_in = ef_end[:, None] * _dot(Bf, dS, DOT_RD)
-        dBv += (dtf * ef_end)[:, None] * _dot(xv, tl.trans(dS), DOT_LO)
-        xin = tl.sum(uf_in * xv, 1)
-        dxv += dtf[:, None] * uf_in
-        # pairs with s in earlier chunks, through the causal state entering it
-        S = _entry_state(st_ptr, pid, c, nseg, tile, m_st, 0, N, P).to(COMPUTE)
-        dC_inter = tl.exp(csf)[:, None] * _dot(dzf, tl.trans(S), DOT_RD)
-        Yf = tl.sum(Cf * dC_inter, 1)
-        dCv += dC_inter
-        tl.store(scr_ptr + so + rows, -dtf * xin + Yf, mask=mrow)
-        tl.store(scr_ptr + so + L + rows, xin, mask=mrow)
-    if DO_B:
-        if DO_F and SHARE:  # the causal direction's dt, decays, B, C and dz are this direction's too
-            dtb, ab, csb, tailb, Bbv, Cbv, dzb = dtf, af, csf, tailf, Bf, Cf, dzf
-        else:
-            dtb, ab, csb, _lastb, tailb, Bbv, Cbv, dzb = _dir_chunk(
-                _dt_rows(dtb_ptr + dto, rows, L, H), Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow,
-                offs_q, offs_p, mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q)
-        # pairs with s in later chunks, through the anti-causal state entering from the right
-        Sb = _entry_state(st_ptr, pid, c, nseg, tile, m_st, 1, N, P).to(COMPUTE)
-        dCb = tl.exp(tailb)[:, None] * _dot(dzb, tl.trans(Sb), DOT_RD)
-        Yb = tl.sum(Cbv * dCb, 1)
-        # pairs with t in earlier chunks, through the gradient of the anti-causal state of earlier rows
-        dSb = _entry_state(gst_ptr, pid, c, nseg, tile, m_st, 0, N, P).to(COMPUTE)
-        ebx = tl.exp(csb - ab)
-        ub_in = ebx[:, None] * _dot(Bbv, dSb, DOT_RD)
-        dBb = (dtb * ebx)[:, None] * _dot(xv, tl.trans(dSb), DOT_LO)
-        xub_in = tl.sum(ub_in * xv, 1)
-        dxv += dtb[:, None] * ub_in
-        s2 = Yb - dtb * xub_in
-        tl.store(scr_ptr + so + 2 * L + rows, s2, mask=mrow)
-        tl.store(scr_ptr + so + 3 * L + rows, -s2, mask=mrow)
-        tl.store(scr_ptr + so + 4 * L + rows, xub_in, mask=mrow)
-        if SEPARATE:
-            tl.store(dBb_ptr + g_off, dBb.to(dBb_ptr.dtype.element_ty), mask=m_bn)
-            tl.store(dCb_ptr + g_off, dCb.to(dCb_ptr.dtype.element_ty), mask=m_bn)
-        else:
-            dBv += dBb
-            dCv += dCb
-    if not ACC:  # D dy and dD (from the first launch only)
-        if DO_F and not SHIFT:
-            dyv = dzf
-        elif DO_B and not SHIFT:
-            dyv = dzb
-        else:
-            dyv = tl.load(dy_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-        if HAS_D:
-            if D_PER_P:
-                dxv += tl.load(D_ptr + hidx * P + offs_p, mask=mask_p, other=0.0).to(COMPUTE)[None, :] * dyv
-            else:
-                dxv += tl.load(D_ptr + hidx).to(COMPUTE) * dyv
-        tl.store(part_ptr + (pid.to(tl.int64) * nseg + c) * P + offs_p, tl.sum(dyv * xv, 0), mask=mask_p)
-    tl.store(dx_ptr + xo + xy_off, dxv.to(dx_ptr.dtype.element_ty), mask=m_xp)
-    if DO_F or (not SEPARATE):
-        if ACC and (not SEPARATE):  # add to the other direction's dB, dC
-            _add_rows(dB_ptr + g_off, dBv, m_bn)
-            _add_rows(dC_ptr + g_off, dCv, m_bn)
-        else:
-            tl.store(dB_ptr + g_off, dBv.to(dB_ptr.dtype.element_ty), mask=m_bn)
-            tl.store(dC_ptr + g_off, dCv.to(dC_ptr.dtype.element_ty), mask=m_bn)
 
 
 @triton.jit

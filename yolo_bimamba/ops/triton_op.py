@@ -19,8 +19,8 @@ import torch
 import triton
 
 from .triton_kernels import (
-    BWD_CONFIGS, CHUNK_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS, _bi_ssd_bwd_dt_kernel,
-    _bi_ssd_bwd_chunk_kernel, _bi_ssd_bwd_kernel, _bi_ssd_bwd_pairs_kernel, _bi_ssd_fwd_kernel, _bi_ssd_fwd_pairs_kernel,
+    BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS, _bi_ssd_bwd_dt_kernel,
+    _bi_ssd_bwd_kernel, _bi_ssd_bwd_pairs_kernel, _bi_ssd_fwd_kernel, _bi_ssd_fwd_pairs_kernel,
     _bi_ssd_state_kernel,
     prune_bwd_configs,
 )
@@ -28,12 +28,10 @@ from .fused_switch import alloc as _alloc, check_guards, compute_dtype, poison_o
 from .launch import launch
 from .validate import kernel_tile, validate_bi_ssd
 
-__all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE_CONFIGS", "PAIRS_CONFIGS",
-           "CHUNK_CONFIGS"]
+__all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE_CONFIGS", "PAIRS_CONFIGS"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_forced = {"fwd": None, "bwd": None, "state": None, "pairs": None, "chunk": None, "seg": None, "split": None,
-           "form": None}
+_forced = {"fwd": None, "bwd": None, "state": None, "pairs": None, "seg": None, "split": None}
 # "both" directions: the backward's segment kernel runs once per direction (the second launch adds to the first's
 # dx, dB, dC) instead of once with both directions in one program (fewer registers per program). "auto" (default):
 # two launches, except in BiMamba2 mode (SHARE) with headdim and d_state <= 64, where the one launch reuses the causal
@@ -46,13 +44,9 @@ _SPLIT_DIRECTIONS = os.environ.get("YOLO_BIMAMBA_SPLIT_DIRECTIONS", "auto").stri
 # 4 and 8 on an H200 at every shape of benchmarks/profile_gpu.py (fewer segments: a shorter state-kernel walk and fewer
 # boundary states), e.g. b16 L1600 h8 fwd+bwd 1.89 / 2.12 / 2.04 ms GPU time (benchmarks/results/prof-*.json)
 _PROGRAMS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_PROGRAMS_PER_SM", "2"))
-# the backward's state terms: "segment" (_bi_ssd_bwd_kernel walks the chunks of its segment, about _PROGRAMS_PER_SM
-# programs per SM) or "chunk" (_bi_ssd_bwd_chunk_kernel, one program per chunk, every chunk a segment: the state kernels
-# store the states at every chunk boundary); "auto": see _backward_form
-_BWD_FORM = os.environ.get("YOLO_BIMAMBA_BWD_FORM", "auto").strip().lower()
 # YOLO_BIMAMBA_AUTOTUNE=0: no autotuning (no compile of every config on first use); default_config's configs are used
 _AUTOTUNE = os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1") not in ("", "0")
-DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 3, "pairs": 0, "chunk": 0}
+DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 3, "pairs": 0}
 # ... except the backward at headdim and d_state <= 32 (the detection models' shapes): there the two-stage config was
 # 7-10 % faster than config 0 on an H200 (benchmarks/results/session9/dedup-prof-f9c7dcb.json); at 64 it was 26 % slower
 DEFAULT_BWD_SMALL = 3
@@ -116,11 +110,6 @@ _pairs_tuned = triton.autotune(
     configs=PAIRS_CONFIGS, key=_PAIRS_KEY + ["SEPARATE", "GRAD_PER_HEAD", "BLOCK_Q", "DOT_MID", "DOT_IN", "DOT_LO"],
     restore_value=["dx_ptr", "dB_ptr", "dC_ptr", "dBb_ptr", "dCb_ptr", "scr_ptr"], **_BENCH,
 )(_bi_ssd_bwd_pairs_kernel)
-# the chunk form of the segment kernel: the same arguments, outputs and restore rule
-_chunk_tuned = triton.autotune(
-    configs=CHUNK_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD", "ACC", "DOT_RD", "DOT_LO"],
-    restore_value=["dx_ptr", "dB_ptr", "dC_ptr"], **_BENCH,
-)(_bi_ssd_bwd_chunk_kernel)
 _state_tuned = triton.autotune(
     configs=STATE_CONFIGS, key=["P", "N", "GRAD", "DO_F", "DO_B", "SHIFT", "HAS_BIAS", "SOFTPLUS", "COMPUTE", "DOT_ST"],
     **_BENCH,
@@ -134,7 +123,7 @@ def interpreter_autotune():
     global _TUNE_IN_INTERPRETER
     old = _TUNE_IN_INTERPRETER
     _TUNE_IN_INTERPRETER = True
-    for tuned in (_fwd_tuned, _bwd_tuned, _state_tuned, _pairs_tuned, _fwd_pairs_tuned, _chunk_tuned):
+    for tuned in (_fwd_tuned, _bwd_tuned, _state_tuned, _pairs_tuned, _fwd_pairs_tuned):
         tuned.cache.clear()
     _chosen.clear()
     try:
@@ -145,20 +134,16 @@ def interpreter_autotune():
 
 @contextlib.contextmanager
 def force_config(fwd: int | None = None, bwd: int | None = None, state: int | None = None, seg: int | None = None,
-                 split: bool | None = None, pairs: int | None = None, chunk: int | None = None,
-                 form: str | None = None):
+                 split: bool | None = None, pairs: int | None = None):
     """Run the kernels with ``FWD_CONFIGS[fwd]`` / ``BWD_CONFIGS[bwd]`` / ``STATE_CONFIGS[state]`` /
-    ``PAIRS_CONFIGS[pairs]`` / ``CHUNK_CONFIGS[chunk]`` instead of
-    autotuning, with segments of ``seg`` rows (a multiple of ``SEG_MULTIPLE``; the segment form only), (``split``)
-    with the backward's two directions in two launches (True) or one (False), and (``form``) the backward's state terms
-    in the "segment" or the "chunk" form (see _backward_form). Arguments left ``None`` keep what an enclosing
+    ``PAIRS_CONFIGS[pairs]`` instead of
+    autotuning, with segments of ``seg`` rows (a multiple of ``SEG_MULTIPLE``), and (``split``) with the backward's
+    two directions in two launches (True) or one (False). Arguments left ``None`` keep what an enclosing
     ``force_config`` set (nested calls add to each other)."""
     if seg is not None and (seg < SEG_MULTIPLE or seg % SEG_MULTIPLE):
         raise ValueError(f"seg must be a positive multiple of {SEG_MULTIPLE}, got {seg}")
-    if form is not None and form not in ("segment", "chunk"):
-        raise ValueError(f"form must be 'segment' or 'chunk', got {form!r}")
     old = dict(_forced)
-    given = dict(fwd=fwd, bwd=bwd, state=state, pairs=pairs, chunk=chunk, seg=seg, split=split, form=form)
+    given = dict(fwd=fwd, bwd=bwd, state=state, pairs=pairs, seg=seg, split=split)
     _forced.update({k: v for k, v in given.items() if v is not None})
     try:
         yield
@@ -330,17 +315,6 @@ def _shares(opts, separate) -> bool:
     return do_f and do_b and not shift and not separate
 
 
-def _backward_form(p, n) -> str:
-    """The form of the backward's state terms (see _BWD_FORM), decided in the forward: the chunk form needs the
-    forward's states at every chunk boundary."""
-    form = _forced["form"] or _BWD_FORM
-    if form == "auto":
-        return "segment"
-    if form not in ("segment", "chunk"):
-        raise ValueError(f"YOLO_BIMAMBA_BWD_FORM must be auto, segment or chunk, got {form!r}")
-    return form
-
-
 def _chunk_tile(used, which):
     """(BLOCK_Q, BLOCK_P) of the config a segment kernel ran (``used``, from _launch): its pairs kernel must cut the
     sequence into the same chunks."""
@@ -363,9 +337,7 @@ class _BiSSDFn(torch.autograd.Function):
         bias_arg = dt_bias if has_bias else x
         # the backward reads the forward's boundary states S_f, S_b (computed at its precision when it will run)
         wants_grad = any(ctx.needs_input_grad)
-        form = _backward_form(p, n) if wants_grad else "segment"
-        seg, nseg, st = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, None, opts, has_bias,
-                                        seg=SEG_MULTIPLE if form == "chunk" else None, exact=wants_grad)
+        seg, nseg, st = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, None, opts, has_bias, exact=wants_grad)
         args = (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, y, st, l, h, g, seg, lo, hi)
         common = dict(P=p, N=n, BLOCK_N=kernel_tile(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias,
                       SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype))
@@ -380,7 +352,7 @@ class _BiSSDFn(torch.autograd.Function):
                 dict(common, SHARE=_shares(opts, separate), BLOCK_Q=q, BLOCK_P=bp))
         ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd,
                               st if wants_grad and nseg > 1 else None)
-        ctx.opts, ctx.seg, ctx.form = opts, seg, form
+        ctx.opts, ctx.seg = opts, seg
         return y.to(x.dtype)
 
     @staticmethod
@@ -450,10 +422,7 @@ class _BiSSDFn(torch.autograd.Function):
             DOT_ST=dots["DOT_ST"], DOT_RD=dots["DOT_RD"], DOT_LO=dots["DOT_LO"], **common,
         )
         grid = lambda meta: (b * h, nseg)  # noqa: E731
-        if ctx.form == "chunk":  # one program per chunk (segments of one chunk)
-            bwd = functools.partial(_launch, _bi_ssd_bwd_chunk_kernel, _chunk_tuned, CHUNK_CONFIGS, "chunk", grid)
-        else:
-            bwd = functools.partial(_launch, _bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid)
+        bwd = functools.partial(_launch, _bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid)
         pkw = {k: v for k, v in kwargs.items() if k not in ("HAS_D", "D_PER_P", "DOT_ST", "DOT_RD")}
         pkw.update(DOT_MID=dots["DOT_MID"], DOT_IN=dots["DOT_IN"])
 
