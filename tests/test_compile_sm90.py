@@ -164,6 +164,23 @@ def _call_gated_norm(dtype_name):
                 torch.autograd.grad(y, (x, z, w), torch.randn_like(y))
 
 
+def _call_layer_norm(dtype_name):
+    """The fused channels-first LayerNorm (ops.layer_norm), forward and backward, once per config, at the narrowest
+    and at a wide channel count (fewer tokens per program there); fp32 weights, as under AMP."""
+    import torch
+
+    from yolo_bimamba.ops.layer_norm import force_config, layer_norm_channels_first
+    from yolo_bimamba.ops.layer_norm_kernels import CONFIGS
+
+    for c in (64, 1024):
+        for i in range(len(CONFIGS)):
+            x = torch.randn(2, c, 5, 7, dtype=_torch_dtype(dtype_name)).requires_grad_(True)
+            w, b = torch.ones(c).requires_grad_(True), torch.zeros(c).requires_grad_(True)
+            with force_config(i):
+                y = layer_norm_channels_first(x, w, b, backend="triton")
+                torch.autograd.grad(y, (x, w, b), torch.randn_like(y))
+
+
 def _resource_usage(cubin: bytes):
     """(registers, stack bytes, local bytes) from cuobjdump, or None where it is not available."""
     import shutil
@@ -378,6 +395,8 @@ def _worker(out_path: str, dtypes: list[str], manual_signature: bool = False) ->
         _call_dwconv(dtype)
         ctx["variant"] = "gated_norm"
         _call_gated_norm(dtype)
+        ctx["variant"] = "layer_norm"
+        _call_layer_norm(dtype)
     t_record = time.time() - t0
     _install_ptx_only_switch()
     # biggest jobs first (backward kernels, large tiles), so the pool ends evenly
@@ -505,6 +524,15 @@ def test_every_launched_kernel_is_covered(report):
         assert got == set(range(nc)), f"{k}: compiled configs {sorted(got)} of {nc}"
 
 
+def _assert_fits_sm90(rows):
+    """Every compile of ``rows`` reached a cubin within sm_90's shared memory and registers per SM."""
+    problems = [f"{_fmt(r)}: {r.get('error', 'no cubin')}" for r in rows if not (r["ok"] and r.get("has_cubin"))]
+    problems += [f"{_fmt(r)}: shared {r['shared']}" for r in rows if r["ok"] and r["shared"] > SM90_MAX_SHARED]
+    problems += [f"{_fmt(r)}: {r['regs']} registers x {r['num_warps']} warps" for r in rows
+                 if r.get("regs") and -(-r["regs"] // 8) * 8 * 32 * r["num_warps"] > SM90_REGS_PER_SM]
+    assert not problems, "\n".join(problems)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dwconv_kernels_compile_for_sm90(report, dtype):
     """The conv1d + SiLU kernels (launched without an autotuner): every config, all the way to a cubin."""
@@ -516,11 +544,7 @@ def test_dwconv_kernels_compile_for_sm90(report, dtype):
     for k in kernels:
         tiles = {(r["config"]["launch"]["BLOCK_L"], r["config"]["launch"]["BLOCK_C"]) for r in rows if r["kernel"] == k}
         assert tiles == {(repr(bl), repr(bc)) for bl, bc, _ in CONFIGS}, (k, tiles)
-    problems = [f"{_fmt(r)}: {r.get('error', 'no cubin')}" for r in rows if not (r["ok"] and r.get("has_cubin"))]
-    problems += [f"{_fmt(r)}: shared {r['shared']}" for r in rows if r["ok"] and r["shared"] > SM90_MAX_SHARED]
-    problems += [f"{_fmt(r)}: {r['regs']} registers x {r['num_warps']} warps" for r in rows
-                 if r.get("regs") and -(-r["regs"] // 8) * 8 * 32 * r["num_warps"] > SM90_REGS_PER_SM]
-    assert not problems, "\n".join(problems)
+    _assert_fits_sm90(rows)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -536,11 +560,23 @@ def test_gated_norm_kernels_compile_for_sm90(report, dtype):
         tiles = {(r["config"]["launch"]["BLOCK_R"], r["config"]["launch"]["BLOCK_D"]) for r in rows if r["kernel"] == k}
         want = {(repr(max(1, min(br, MAX_TILE // bd))), repr(bd)) for br, _ in CONFIGS for bd in (64, 1024)}
         assert tiles == want, (k, tiles)
-    problems = [f"{_fmt(r)}: {r.get('error', 'no cubin')}" for r in rows if not (r["ok"] and r.get("has_cubin"))]
-    problems += [f"{_fmt(r)}: shared {r['shared']}" for r in rows if r["ok"] and r["shared"] > SM90_MAX_SHARED]
-    problems += [f"{_fmt(r)}: {r['regs']} registers x {r['num_warps']} warps" for r in rows
-                 if r.get("regs") and -(-r["regs"] // 8) * 8 * 32 * r["num_warps"] > SM90_REGS_PER_SM]
-    assert not problems, "\n".join(problems)
+    _assert_fits_sm90(rows)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_kernels_compile_for_sm90(report, dtype):
+    """The channels-first LayerNorm kernels (launched without an autotuner): every config at C = 64 and 1024."""
+    from yolo_bimamba.ops.layer_norm import MAX_TILE
+    from yolo_bimamba.ops.layer_norm_kernels import CONFIGS
+
+    rows = [r for r in report["results"] if r["variant"] == "layer_norm" and r["dtype"] == dtype]
+    kernels = {"_layer_norm_cf_fwd", "_layer_norm_cf_bwd"}
+    assert {r["kernel"] for r in rows} == kernels
+    for k in kernels:
+        tiles = {(r["config"]["launch"]["BLOCK_L"], r["config"]["launch"]["BLOCK_C"]) for r in rows if r["kernel"] == k}
+        want = {(repr(max(1, min(bl, MAX_TILE // bc))), repr(bc)) for bl, _ in CONFIGS for bc in (64, 1024)}
+        assert tiles == want, (k, tiles)
+    _assert_fits_sm90(rows)
 
 
 def test_too_large_config_is_caught(tmp_path):

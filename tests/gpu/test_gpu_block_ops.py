@@ -1,5 +1,6 @@
 """GPU tests of the fused block ops at the shapes of the detection models: the depthwise conv1d + SiLU
-(yolo_bimamba.ops.dwconv) and the gated RMSNorm (yolo_bimamba.ops.gated_norm).
+(yolo_bimamba.ops.dwconv), the gated RMSNorm (yolo_bimamba.ops.gated_norm) and the layers' channels-first token
+LayerNorm (yolo_bimamba.ops.layer_norm).
 
     python -m pytest -m gpu tests/gpu/test_gpu_block_ops.py -v
 
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 from fused_ops_check import check_against_float64, poisoned_run, rel  # noqa: E402
 from yolo_bimamba.ops.dwconv import dwconv_silu, dwconv_silu_reference, force_config  # noqa: E402
 from yolo_bimamba.ops.dwconv_kernels import CONFIGS  # noqa: E402
-from yolo_bimamba.ops import gated_norm, gated_norm_kernels  # noqa: E402
+from yolo_bimamba.ops import gated_norm, gated_norm_kernels, layer_norm, layer_norm_kernels  # noqa: E402
 
 # (b, L, channels) of the conv in yolov8n-bimamba at 640 px, batch 32 (P3, P4, P5 layers), and an odd one
 SHAPES = {"p3": (32, 6400, 128), "p4": (32, 1600, 192), "p5": (32, 400, 320), "odd": (3, 1001, 77)}
@@ -68,6 +69,54 @@ def test_gated_norm_matches_float64_every_config_and_repeats(shape, dtype, cfg):
                     gated_norm.force_config, cfg)
     check_against_float64(got, lambda *t: gated_norm.gated_rmsnorm_reference(*t, 1e-5), (x, z, w), dy,
                           ("y", "dx", "dz", "dweight"), TOL[dtype], (dtype, dtype, dtype, w.dtype))
+
+
+# (N, C, H, W) of the layers' LayerNorm in yolov8n-bimamba (P3, P5) and yolov8s-bimamba (P5) at 640 px, batch 32,
+# and an odd one
+LN_SHAPES = {"n-p3": (32, 32, 80, 80), "n-p5": (32, 128, 20, 20), "s-p5": (32, 256, 20, 20), "odd": (3, 77, 13, 7)}
+
+
+@pytest.mark.parametrize("cfg", range(len(layer_norm_kernels.CONFIGS)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("shape", list(LN_SHAPES), ids=list(LN_SHAPES))
+def test_layer_norm_matches_float64_every_config_and_repeats(shape, dtype, cfg):
+    n, c, h, w = LN_SHAPES[shape]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(n, c, h, w, device="cuda", generator=g) * 2 + 0.5).to(dtype).requires_grad_()
+    weight = (1 + 0.3 * torch.randn(c, device="cuda", generator=g)).requires_grad_()
+    bias = (0.3 * torch.randn(c, device="cuda", generator=g)).requires_grad_()
+    dy = torch.randn(n, h * w, c, device="cuda", generator=g).to(dtype)
+    got = run_twice(lambda *t: layer_norm.layer_norm_channels_first(*t, 1e-5, backend="triton"), (x, weight, bias),
+                    dy, layer_norm.force_config, cfg)
+    check_against_float64(got, lambda *t: layer_norm.layer_norm_channels_first_reference(*t, 1e-5),
+                          (x, weight, bias), dy, ("y", "dx", "dweight", "dbias"), TOL[dtype],
+                          (dtype, dtype, weight.dtype, bias.dtype))
+
+
+def test_layer_runs_the_fused_layer_norm_on_cuda(monkeypatch):
+    """backend "auto" on CUDA: BiMambaLayer2D's LayerNorm goes through the kernel (spied on), and the layer's output
+    and gradients equal those with PyTorch's LayerNorm (YOLO_BIMAMBA_FUSED_NORM=0) under bf16 autocast."""
+    from yolo_bimamba.nn.blocks import BiMambaLayer2D
+
+    calls = []
+    orig = layer_norm._LayerNormCF.apply
+    monkeypatch.setattr(layer_norm._LayerNormCF, "apply", lambda *a: calls.append(1) or orig(*a))
+    monkeypatch.setenv("YOLO_BIMAMBA_CUDA_GRAPHS", "0")
+    torch.manual_seed(0)
+    m = BiMambaLayer2D(64, d_state=32, headdim=32).cuda().train()
+    x = torch.randn(4, 64, 20, 15, device="cuda", requires_grad=True)
+    outs = []
+    for on in ("1", "0"):
+        monkeypatch.setenv("YOLO_BIMAMBA_FUSED_NORM", on)
+        m.zero_grad(set_to_none=True)
+        x.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = m(x)
+        y.float().square().sum().backward()
+        outs.append((y.float(), x.grad, m.norm.weight.grad, m.norm.bias.grad))
+    assert len(calls) == 1, calls
+    for a, b in zip(outs[0], outs[1]):
+        assert torch.isfinite(a).all() and rel(a, b) <= 2e-2, rel(a, b)
 
 
 def test_modules_run_the_fused_ops_on_cuda(monkeypatch):

@@ -6,6 +6,7 @@ from timm.layers import DropPath, Mlp
 from torch import nn
 from ultralytics.nn.modules import Conv
 
+from ..ops.layer_norm import layer_norm_channels_first
 from . import cuda_graph
 from .bimamba2 import BiMamba2
 
@@ -56,10 +57,17 @@ class BiMambaLayer2D(nn.Module):
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, h, w = x.shape
-        t = x.flatten(2).transpose(1, 2)  # (N, H*W, C), row-major
-        t = t + self.drop_path(self._mix(self.norm(t), h, w))
-        if self.mlp is not None:
-            t = t + self.drop_path(self.mlp(self.norm2(t)))
+        # one view of x feeds both the norm and the residual, so that their gradients are summed before they reach x
+        # (in eager autograd as inside a CUDA-graph replay of this layer: the same rounding)
+        xf = x.flatten(2)  # (N, C, H*W)
+        # LN of the (N, H*W, C) row-major tokens, read channels-first as they are (fused on CUDA: ops.layer_norm)
+        tokens = layer_norm_channels_first(xf, self.norm.weight, self.norm.bias, self.norm.eps,
+                                           backend=getattr(self.mixer, "backend", "auto"))
+        mixed = self.drop_path(self._mix(tokens, h, w))
+        if self.mlp is None:  # the residual sum written channels-first at once
+            return (xf + mixed.transpose(1, 2)).reshape(n, c, h, w)
+        t = xf.transpose(1, 2) + mixed
+        t = t + self.drop_path(self.mlp(self.norm2(t)))
         return t.transpose(1, 2).reshape(n, c, h, w)
 
 

@@ -1,0 +1,114 @@
+"""The blocks' token LayerNorm, taken straight from a channels-first feature map.
+
+``layer_norm_channels_first(x, weight, bias, eps)`` maps x (N, C, *spatial) to the LayerNorm over C of its
+L = prod(spatial) tokens, (N, L, C): what ``nn.LayerNorm(C)(x.flatten(2).transpose(1, 2))`` computes. On CUDA it runs
+one Triton kernel forward and one backward (ops.layer_norm_kernels) that read x channels-first and write the
+token-major output, in x's dtype, with fp32 arithmetic. PyTorch's path instead copies the transposed tokens, casts
+them to fp32 (autocast runs layer_norm in fp32), and under AMP the next projection casts the fp32 output back: about
+1.7 ms of a yolov8n-bimamba training step's GPU time on an H200 (bf16 AMP, 640 px, batch 32), most of it the
+weight and bias gradients' reduction. Elsewhere (CPU, tracing, export, backend "torch") it is that expression, as
+before. ``YOLO_BIMAMBA_FUSED_NORM=0`` turns the kernels off (as for the gated RMSNorm).
+
+Under autocast the kernel's output keeps x's dtype (bf16 / fp16) where PyTorch's is fp32: the in-projection that
+follows casts its input to that dtype anyway, so it sees the same rounded values.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .fused_switch import ForcedConfig, alloc, compute_dtype, runs_triton, triton_usable
+from .launch import launch
+
+MAX_TILE = 8192  # tokens x padded channels per program
+
+force_config = ForcedConfig()  # tests: ``with force_config(i):`` every launch uses config i of CONFIGS
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def layer_norm_channels_first_reference(x, weight, bias, eps) -> torch.Tensor:
+    """PyTorch's expression: LayerNorm over the channels of x's tokens, (N, C, *spatial) -> (N, L, C)."""
+    return F.layer_norm(x.flatten(2).transpose(1, 2), (x.shape[1],), weight, bias, eps)
+
+
+def validate_layer_norm_channels_first(x, weight, bias) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() < 3:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"layer_norm_channels_first: x must be a tensor (N, C, *spatial) with at least one spatial "
+                         f"dim, got {shape}")
+    c = x.shape[1]
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (c,):
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"layer_norm_channels_first: {name} must have shape ({c},) (x's channels), got {got}")
+        if t.device != x.device:
+            raise ValueError(f"layer_norm_channels_first: {name} is on {t.device}, x on {x.device}")
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype not in _FLOATS:
+            raise ValueError(f"layer_norm_channels_first: {name} must be float16, bfloat16, float32 or float64, "
+                             f"got {t.dtype}")
+
+
+def _triton_ok() -> bool:
+    return triton_usable("yolo_bimamba.ops.layer_norm_kernels", "YOLO_BIMAMBA_FUSED_NORM")
+
+
+def layer_norm_channels_first(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                              eps: float = 1e-5, *, backend: str = "auto") -> torch.Tensor:
+    """LayerNorm over C of the tokens of x (N, C, *spatial), returned token-major (N, L, C). backend: "auto" (Triton
+    on CUDA when weight and bias are both given), "torch", "triton" (needs weight and bias)."""
+    validate_layer_norm_channels_first(x, weight, bias)
+    affine = weight is not None and bias is not None
+    if backend == "triton" and not affine:
+        raise ValueError("layer_norm_channels_first: backend 'triton' needs both weight and bias")
+    if not (affine and runs_triton("layer_norm_channels_first", backend, x, _triton_ok)):
+        return layer_norm_channels_first_reference(x, weight, bias, eps)
+    return _LayerNormCF.apply(x, weight, bias, float(eps))
+
+
+def _launch_shape(C: int):
+    from .layer_norm_kernels import CONFIGS, block_c
+
+    bc = block_c(C)
+    toks, warps = CONFIGS[force_config.index if force_config.index is not None else 0]
+    return max(1, min(toks, MAX_TILE // bc)), bc, warps
+
+
+class _LayerNormCF(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        from .layer_norm_kernels import _layer_norm_cf_fwd
+
+        N, C = x.shape[:2]
+        x3 = x.reshape(N, C, -1).contiguous()
+        L = x3.shape[2]
+        bl, bc, nw = _launch_shape(C)
+        stat = torch.float64 if x.dtype == torch.float64 else torch.float32
+        out = alloc((N, L, C), x.dtype, x.device)
+        mean, rstd = alloc((N * L,), stat, x.device), alloc((N * L,), stat, x.device)
+        launch(_layer_norm_cf_fwd, (-(-L // bl), N), (x3, weight, bias, out, mean, rstd, C, L, eps),
+               dict(COMPUTE=compute_dtype(x.dtype), BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
+        ctx.save_for_backward(x3, weight, mean, rstd)
+        ctx.meta = (x.shape, bias.dtype)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        from .layer_norm_kernels import _layer_norm_cf_bwd
+
+        x3, weight, mean, rstd = ctx.saved_tensors
+        shape, bias_dtype = ctx.meta
+        N, C, L = x3.shape
+        bl, bc, nw = _launch_shape(C)
+        nprog = -(-L // bl)
+        dx = alloc((N, C, L), x3.dtype, x3.device)
+        dw_part = alloc((N * nprog, C), rstd.dtype, x3.device)
+        db_part = alloc((N * nprog, C), rstd.dtype, x3.device)
+        launch(_layer_norm_cf_bwd, (nprog, N),
+               (x3, weight, mean, rstd, dout.contiguous(), dx, dw_part, db_part, C, L),
+               dict(COMPUTE=compute_dtype(x3.dtype), BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
+        return dx.view(shape), dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(bias_dtype), None
