@@ -547,36 +547,36 @@ def test_dwconv_kernels_compile_for_sm90(report, dtype):
     _assert_fits_sm90(rows)
 
 
+def _assert_norm_kernels(report, dtype, variant, kernels, tile_names, configs, max_tile):
+    """A norm's kernels (launched without an autotuner): every config, at widths 64 and 1024 (the rows per program
+    capped by max_tile), compiled to a cubin that fits sm_90."""
+    rows = [r for r in report["results"] if r["variant"] == variant and r["dtype"] == dtype]
+    assert {r["kernel"] for r in rows} == kernels
+    for k in kernels:
+        tiles = {tuple(r["config"]["launch"][t] for t in tile_names) for r in rows if r["kernel"] == k}
+        want = {(repr(max(1, min(n, max_tile // w))), repr(w)) for n, _ in configs for w in (64, 1024)}
+        assert tiles == want, (k, tiles)
+    _assert_fits_sm90(rows)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gated_norm_kernels_compile_for_sm90(report, dtype):
-    """The gated RMSNorm kernels (launched without an autotuner): every config at d = 64 and 1024, to a cubin."""
+    """The gated RMSNorm kernels: every config at d = 64 and 1024."""
     from yolo_bimamba.ops.gated_norm import MAX_TILE
     from yolo_bimamba.ops.gated_norm_kernels import CONFIGS
 
-    rows = [r for r in report["results"] if r["variant"] == "gated_norm" and r["dtype"] == dtype]
-    kernels = {"_gated_rmsnorm_fwd", "_gated_rmsnorm_bwd"}
-    assert {r["kernel"] for r in rows} == kernels
-    for k in kernels:
-        tiles = {(r["config"]["launch"]["BLOCK_R"], r["config"]["launch"]["BLOCK_D"]) for r in rows if r["kernel"] == k}
-        want = {(repr(max(1, min(br, MAX_TILE // bd))), repr(bd)) for br, _ in CONFIGS for bd in (64, 1024)}
-        assert tiles == want, (k, tiles)
-    _assert_fits_sm90(rows)
+    _assert_norm_kernels(report, dtype, "gated_norm", {"_gated_rmsnorm_fwd", "_gated_rmsnorm_bwd"},
+                         ("BLOCK_R", "BLOCK_D"), CONFIGS, MAX_TILE)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_layer_norm_kernels_compile_for_sm90(report, dtype):
-    """The channels-first LayerNorm kernels (launched without an autotuner): every config at C = 64 and 1024."""
+    """The channels-first LayerNorm kernels: every config at C = 64 and 1024."""
     from yolo_bimamba.ops.layer_norm import MAX_TILE
     from yolo_bimamba.ops.layer_norm_kernels import CONFIGS
 
-    rows = [r for r in report["results"] if r["variant"] == "layer_norm" and r["dtype"] == dtype]
-    kernels = {"_layer_norm_cf_fwd", "_layer_norm_cf_bwd"}
-    assert {r["kernel"] for r in rows} == kernels
-    for k in kernels:
-        tiles = {(r["config"]["launch"]["BLOCK_L"], r["config"]["launch"]["BLOCK_C"]) for r in rows if r["kernel"] == k}
-        want = {(repr(max(1, min(bl, MAX_TILE // bc))), repr(bc)) for bl, _ in CONFIGS for bc in (64, 1024)}
-        assert tiles == want, (k, tiles)
-    _assert_fits_sm90(rows)
+    _assert_norm_kernels(report, dtype, "layer_norm", {"_layer_norm_cf_fwd", "_layer_norm_cf_bwd"},
+                         ("BLOCK_L", "BLOCK_C"), CONFIGS, MAX_TILE)
 
 
 def test_too_large_config_is_caught(tmp_path):
