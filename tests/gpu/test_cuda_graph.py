@@ -9,6 +9,8 @@ steps with gradient accumulation (the case where a replay's static gradient buff
 from __future__ import annotations
 
 import copy
+import threading
+import time
 import warnings
 
 import pytest
@@ -110,6 +112,51 @@ def test_capture_while_an_older_graph_holds_the_parameters(monkeypatch):
     for (name, p), q in zip(layer.named_parameters(), ref.parameters()):
         assert rel(p.grad, q.grad) <= 1e-4, name
     del held
+
+
+def _capture_while_pinning(monkeypatch, mode):
+    """Captures a layer while another thread keeps allocating pinned host memory, as a DataLoader's pin-memory thread
+    does during training: (errors of that thread, pinned allocations it made, the layer's graphed shapes)."""
+    monkeypatch.setattr(cuda_graph, "CAPTURE_MODE", mode)
+    torch.manual_seed(0)
+    layer = BiMambaLayer2D(64).cuda().train()
+    x = torch.randn(4, 64, 20, 20, device="cuda", requires_grad=True)
+    monkeypatch.setenv("YOLO_BIMAMBA_CUDA_GRAPHS", "0")
+    BiMambaLayer2D(64).cuda().train()(x).sum().backward()  # kernels compiled before: the thread below runs briefly
+    monkeypatch.setenv("YOLO_BIMAMBA_CUDA_GRAPHS", "1")
+    errors, kept, stop = [], [], threading.Event()
+
+    def pin():  # every tensor is kept, so that each one is a new cudaHostAlloc, not a cached block
+        while not stop.is_set() and len(kept) < 20000:
+            try:
+                kept.append(torch.empty(4096 + len(kept), dtype=torch.uint8).pin_memory())
+            except Exception as e:  # noqa: BLE001 - what the pin-memory thread would die of
+                errors.append(e)
+                return
+    t = threading.Thread(target=pin, daemon=True)
+    t.start()
+    while not kept and not errors:
+        time.sleep(0.001)
+    try:
+        layer(x).square().mean().backward()  # the first call warms up and captures
+        torch.cuda.synchronize()
+    finally:
+        stop.set()
+        t.join()
+    return errors, len(kept), cuda_graph.graphed_shapes(layer)
+
+
+def test_capture_while_another_thread_pins_memory(monkeypatch):
+    """A capture must not make another thread's pinned-memory allocation fail (the DataLoader's pin-memory thread
+    died of it in `yolo train`), and must itself succeed. Under torch's default capture mode ("global") the same
+    run goes wrong (the thread's allocation or the capture fails): checked too, so that the test shows it overlaps
+    a capture with the thread's allocations."""
+    errors, n, shapes = _capture_while_pinning(monkeypatch, cuda_graph.CAPTURE_MODE)
+    assert n > 0 and not errors, errors[:1]
+    assert shapes == [(4, 64, 20, 20)]
+    errors_global, n_global, shapes_global = _capture_while_pinning(monkeypatch, "global")
+    assert errors_global or not shapes_global, \
+        f"under 'global' the thread made {n_global} pinned allocations and the capture succeeded: no overlap"
 
 
 def test_replay_under_ddp(monkeypatch, tmp_path):

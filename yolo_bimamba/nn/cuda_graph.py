@@ -39,6 +39,11 @@ __all__ = ["run", "enabled", "graphed_shapes", "summary", "MAX_SHAPES"]
 
 MAX_SHAPES = 4  # input shapes per layer kept as graphs (training uses one or two: full batches and the last one)
 WARMUP = 2  # eager fwd+bwd runs before a capture: the Triton kernels compile and autotune there, not in the capture
+# Only the capturing thread's unsafe CUDA calls are refused while a layer is captured. Under torch's default ("global")
+# every thread's are: a DataLoader's pin-memory thread that allocates pinned host memory during a capture then dies
+# with "operation not permitted when stream is capturing" and takes `yolo train` down with it (seen on an H200,
+# workers=12, pin_memory on, as Ultralytics trains).
+CAPTURE_MODE = "thread_local"
 
 _LOG = logging.getLogger("yolo_bimamba")
 _graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> {key: _Graphs}, or None (stay eager)
@@ -106,7 +111,7 @@ def _end_stuck_capture(dev) -> None:
     capture"). A small capture that succeeds ends that state."""
     a = torch.zeros(1, device=dev)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=torch.cuda.Stream(device=dev)):
+    with torch.cuda.graph(g, stream=torch.cuda.Stream(device=dev), capture_error_mode=CAPTURE_MODE):
         a.add_(1.0)
 
 
@@ -139,10 +144,10 @@ class _Graphs:
             pool = torch.cuda.graph_pool_handle()
             self.fwd, self.bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
             with torch.autocast(**amp):
-                with torch.cuda.graph(self.fwd, pool=pool, stream=side):
+                with torch.cuda.graph(self.fwd, pool=pool, stream=side, capture_error_mode=CAPTURE_MODE):
                     self.out = forward(self.x)
                 self.gout = torch.empty_like(self.out)
-                with torch.cuda.graph(self.bwd, pool=pool, stream=side):
+                with torch.cuda.graph(self.bwd, pool=pool, stream=side, capture_error_mode=CAPTURE_MODE):
                     grads = torch.autograd.grad(self.out, inputs, self.gout, allow_unused=True)
         self.used = [gr is not None for gr in grads]  # an input the output does not depend on gets None
         self.grads = [gr for gr in grads if gr is not None]
