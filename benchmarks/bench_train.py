@@ -261,20 +261,40 @@ def loop_bench(run: tuple, data: Path, workdir: Path, n_train: int, epochs: int,
     return {"loop_epoch_s": later, "loop_images_per_s": round(n_train / statistics.median(later), 1)}
 
 
-def loop_rounds(models, n_rounds, bench) -> dict:
+def loop_rounds(models, n_rounds, bench, on_run=None) -> dict:
     """bench(yaml) for every model in ``n_rounds`` rounds of alternating order (drift of the host, which bounds the
     loop, spreads evenly over the models): per model the epoch times of every round, each round's images/s and
-    their median."""
+    their median. A run that raises does not stop the others: its error goes to ``loop_failures`` (the median is
+    over the rounds that ran; a model with none has no figures). ``on_run(partial result)`` after every run, so that a
+    caller can save what was measured before a time limit or a crash."""
     rounds = {yaml: [] for yaml in models}
+    failures = {yaml: [] for yaml in models}
+
+    def summary():
+        out = {}
+        for yaml, rs in rounds.items():
+            out[yaml] = {}
+            if rs:
+                out[yaml] = dict(loop_epoch_s=[t for res in rs for t in res["loop_epoch_s"]],
+                                 loop_images_per_s_rounds=[res["loop_images_per_s"] for res in rs],
+                                 loop_images_per_s=round(statistics.median(res["loop_images_per_s"] for res in rs), 1))
+            if failures[yaml]:
+                out[yaml]["loop_failures"] = failures[yaml]
+        return out
+
     for r in range(n_rounds):
         for yaml in (models if r % 2 == 0 else models[::-1]):
-            res = bench(yaml)
-            rounds[yaml].append(res)
-            print(yaml, f"round {r}", res, flush=True)
-    return {yaml: dict(loop_epoch_s=[t for res in rs for t in res["loop_epoch_s"]],
-                       loop_images_per_s_rounds=[res["loop_images_per_s"] for res in rs],
-                       loop_images_per_s=round(statistics.median(res["loop_images_per_s"] for res in rs), 1))
-            for yaml, rs in rounds.items()}
+            try:
+                res = bench(yaml)
+            except Exception as e:  # noqa: BLE001 - recorded, reported, and main() exits non-zero
+                failures[yaml].append(f"round {r}: {type(e).__name__}: {str(e)[-2000:]}")
+                print(yaml, f"round {r} FAILED", type(e).__name__, str(e)[-600:], flush=True)
+            else:
+                rounds[yaml].append(res)
+                print(yaml, f"round {r}", res, flush=True)
+            if on_run is not None:
+                on_run(summary())
+    return summary()
 
 
 def main():
@@ -334,18 +354,29 @@ def main():
         for yaml in args.models:
             info[yaml].update(onnx_latency(yaml, args.imgsz, work))
             print(yaml, info[yaml], flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result_file = out / f"train-{gpu.replace(' ', '-')}.json"
+
+    def save(loop_results=None):  # after every loop run too: a time limit or a crash keeps what was measured
+        models = {yaml: dict(v) for yaml, v in info.items()}
+        for (yaml, graphs), res in (loop_results or {}).items():
+            models[yaml].update(res if graphs != "0" or len(runs_of(yaml, args.cuda_graphs)) == 1
+                                else {f"{k}_graphs_off": v for k, v in res.items()})
+        result_file.write_text(json.dumps({"meta": meta, "model_step": rows, "models": models}, indent=2))
+        return models
+
+    loop_failed = False
     if args.loop:
         data = make_synthetic_dataset(work / "synthetic", args.loop_images, args.imgsz)
         loop = functools.partial(loop_bench, data=data, workdir=work, n_train=args.loop_images, epochs=args.loop_epochs,
                                  bs=args.batch, imgsz=args.imgsz, workers=args.workers)
         runs = [(yaml, g) for yaml in args.models for g in runs_of(yaml, args.cuda_graphs)]
-        for (yaml, graphs), res in loop_rounds(runs, args.loop_rounds, loop).items():
-            info[yaml].update(res if graphs != "0" or len(runs_of(yaml, args.cuda_graphs)) == 1
-                              else {f"{k}_graphs_off": v for k, v in res.items()})
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = gpu.replace(" ", "-")
-    (out / f"train-{tag}.json").write_text(json.dumps({"meta": meta, "model_step": rows, "models": info}, indent=2))
+        loop_results = loop_rounds(runs, args.loop_rounds, loop, on_run=save)
+        loop_failed = any("loop_failures" in res for res in loop_results.values())
+        info = save(loop_results)
+    else:
+        save()
     print("\n| model | precision | backend | CUDA graphs | step ms | img/s | peak MB |\n|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['precision']} | {r['backend']} | {r['cuda_graphs']} | {r['step_ms_median']} | "
@@ -354,6 +385,8 @@ def main():
     for k, v in info.items():
         print(f"| {k} | {v['params']} | {v['gflops']} | {v.get('onnx_cpu_ms_per_image', '-')} | "
               f"{v.get('loop_images_per_s', '-')} | {v.get('loop_images_per_s_graphs_off', '-')} |")
+    if loop_failed:
+        sys.exit(f"bench_train.py: some loop runs failed (loop_failures in {result_file})")
 
 
 if __name__ == "__main__":

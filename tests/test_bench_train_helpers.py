@@ -44,3 +44,24 @@ def test_loop_rounds_alternate_the_order_and_report_the_median_round():
     assert calls == [("a", "1"), ("a", "0"), ("a", "0"), ("a", "1"), ("a", "1"), ("a", "0")]
     assert res[("a", "1")]["loop_images_per_s"] == 200.0 and res[("a", "0")]["loop_images_per_s"] == 60.0
     assert res[("a", "1")]["loop_images_per_s_rounds"] == [100.0, 300.0, 200.0]
+
+
+def test_loop_rounds_keep_going_past_a_failed_run_and_report_after_each_run():
+    calls, seen = [], []
+
+    def bench(run):
+        calls.append(run)
+        if run == "b" and calls.count("b") == 1:
+            raise RuntimeError("loop bench failed for b: pin memory thread died")
+        return {"loop_epoch_s": [2.0], "loop_images_per_s": 100.0 * len(calls)}
+
+    res = bench_train.loop_rounds(["a", "b", "c"], 2, bench, on_run=lambda partial: seen.append(partial))
+    assert calls == ["a", "b", "c", "c", "b", "a"]  # the failure did not stop the round or the next one
+    assert res["b"]["loop_failures"] == ["round 0: RuntimeError: loop bench failed for b: pin memory thread died"]
+    assert res["b"]["loop_images_per_s_rounds"] == [500.0] and res["b"]["loop_images_per_s"] == 500.0
+    assert "loop_failures" not in res["a"] and res["a"]["loop_images_per_s_rounds"] == [100.0, 600.0]
+    assert len(seen) == 6  # one report per run, each with what was measured so far
+    assert seen[0] == {"a": {"loop_epoch_s": [2.0], "loop_images_per_s_rounds": [100.0], "loop_images_per_s": 100.0},
+                       "b": {}, "c": {}}
+    assert seen[1]["b"] == {"loop_failures": res["b"]["loop_failures"]}
+    assert seen[-1] == res
