@@ -29,13 +29,10 @@ _pre_tile, _tile = dk._pre_tile, dk._tile
 
 
 @triton.jit
-def _bwd_fused(u_ptr, w_ptr, bias_ptr, dy_ptr, du_ptr, dw_part_ptr, dbias_part_ptr, L, Cn, su_b, su_l,
-               K: tl.constexpr, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr,
-               BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
-    pid_b, part, rows, cols, mrow, mcol = _tile(L, Cn, BLOCK_L, BLOCK_C)
+def _du_and_gp(u_ptr, w_ptr, bias_ptr, dy_base, u_off, rows, cols, mcol, L, Cn, su_l, K: tl.constexpr,
+               HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
+    """du of a row block, gp recomputed at each of the K shifts it needs, and gp of the block's own rows (0 past L)."""
     H: tl.constexpr = K // 2
-    u_off = pid_b * su_b
-    dy_base = dy_ptr + pid_b * L * Cn
     du = tl.zeros((BLOCK_L, BLOCK_C), dtype=COMPUTE)
     gp0 = tl.zeros((BLOCK_L, BLOCK_C), dtype=COMPUTE)
     for j in tl.static_range(K):
@@ -49,14 +46,31 @@ def _bwd_fused(u_ptr, w_ptr, bias_ptr, dy_ptr, du_ptr, dw_part_ptr, dbias_part_p
         du += wj[None, :] * gp
         if j == H:
             gp0 = gp
+    return du, tl.where((rows < L)[:, None], gp0, 0.0)
+
+
+@triton.jit
+def _gp_u(u_ptr, u_off, gp0, rows, cols, mcol, L, su_l, SHIFT: tl.constexpr, COMPUTE: tl.constexpr):
+    """sum over the block's rows t of gp[t] u[t + SHIFT]: its part of the weight gradient at that tap."""
+    ru = rows + SHIFT
+    mu = ((ru >= 0) & (ru < L))[:, None] & mcol[None, :]
+    uv = tl.load(u_ptr + u_off + ru[:, None].to(tl.int64) * su_l + cols[None, :], mask=mu, other=0.0).to(COMPUTE)
+    return tl.sum(gp0 * uv, 0)
+
+
+@triton.jit
+def _bwd_fused(u_ptr, w_ptr, bias_ptr, dy_ptr, du_ptr, dw_part_ptr, dbias_part_ptr, L, Cn, su_b, su_l,
+               K: tl.constexpr, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr,
+               BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
+    pid_b, part, rows, cols, mrow, mcol = _tile(L, Cn, BLOCK_L, BLOCK_C)
+    u_off = pid_b * su_b
+    du, gp0 = _du_and_gp(u_ptr, w_ptr, bias_ptr, dy_ptr + pid_b * L * Cn, u_off, rows, cols, mcol, L, Cn, su_l, K,
+                         HAS_BIAS, COMPUTE, BLOCK_L, BLOCK_C)
     if HAS_BIAS:
-        tl.store(dbias_part_ptr + part * Cn + cols, tl.sum(tl.where(mrow[:, None], gp0, 0.0), 0), mask=mcol)
-    gp0 = tl.where(mrow[:, None], gp0, 0.0)
+        tl.store(dbias_part_ptr + part * Cn + cols, tl.sum(gp0, 0), mask=mcol)
     for j in tl.static_range(K):
-        ru = rows + (j - H)
-        mu = ((ru >= 0) & (ru < L))[:, None] & mcol[None, :]
-        uv = tl.load(u_ptr + u_off + ru[:, None].to(tl.int64) * su_l + cols[None, :], mask=mu, other=0.0).to(COMPUTE)
-        tl.store(dw_part_ptr + (part * K + j) * Cn + cols, tl.sum(gp0 * uv, 0), mask=mcol)
+        tl.store(dw_part_ptr + (part * K + j) * Cn + cols,
+                 _gp_u(u_ptr, u_off, gp0, rows, cols, mcol, L, su_l, j - K // 2, COMPUTE), mask=mcol)
     tl.store(du_ptr + pid_b * L * Cn + rows[:, None].to(tl.int64) * Cn + cols[None, :], du.to(du_ptr.dtype.element_ty),
              mask=mrow[:, None] & mcol[None, :])
 
@@ -70,39 +84,20 @@ def _bwd_fused_loop(u_ptr, w_ptr, bias_ptr, dy_ptr, du_ptr, dw_part_ptr, dbias_p
     part = pid_b * tl.num_programs(1) + pid_s
     cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     mcol = cols < Cn
-    H: tl.constexpr = K // 2
     u_off = pid_b * su_b
-    dy_base = dy_ptr + pid_b * L * Cn
     kk = tl.arange(0, KP2)
     dwacc = tl.zeros((KP2, BLOCK_C), dtype=COMPUTE)
     dbacc = tl.zeros((BLOCK_C,), dtype=COMPUTE)
     for it in range(iters):
         rows = (pid_s * iters + it) * BLOCK_L + tl.arange(0, BLOCK_L)
-        mrow = rows < L
-        du = tl.zeros((BLOCK_L, BLOCK_C), dtype=COMPUTE)
-        gp0 = tl.zeros((BLOCK_L, BLOCK_C), dtype=COMPUTE)
-        for j in tl.static_range(K):
-            rs = rows + (H - j)
-            ms = ((rs >= 0) & (rs < L))[:, None] & mcol[None, :]
-            pre = _pre_tile(u_ptr, w_ptr, bias_ptr, u_off, rs, cols, mcol, L, su_l, K, HAS_BIAS, COMPUTE, BLOCK_L,
-                            BLOCK_C)
-            dy = tl.load(dy_base + rs[:, None].to(tl.int64) * Cn + cols[None, :], mask=ms, other=0.0).to(COMPUTE)
-            s = 1.0 / (1.0 + tl.exp(-pre))
-            gp = tl.where(ms, dy * s * (1.0 + pre * (1.0 - s)), 0.0)
-            wj = tl.load(w_ptr + cols * K + j, mask=mcol, other=0.0).to(COMPUTE)
-            du += wj[None, :] * gp
-            if j == H:
-                gp0 = gp
-        gp0 = tl.where(mrow[:, None], gp0, 0.0)
+        du, gp0 = _du_and_gp(u_ptr, w_ptr, bias_ptr, dy_ptr + pid_b * L * Cn, u_off, rows, cols, mcol, L, Cn, su_l,
+                             K, HAS_BIAS, COMPUTE, BLOCK_L, BLOCK_C)
         dbacc += tl.sum(gp0, 0)
         for j in tl.static_range(K):
-            ru = rows + (j - H)
-            mu = ((ru >= 0) & (ru < L))[:, None] & mcol[None, :]
-            uv = tl.load(u_ptr + u_off + ru[:, None].to(tl.int64) * su_l + cols[None, :], mask=mu,
-                         other=0.0).to(COMPUTE)
-            dwacc += tl.where(kk[:, None] == j, tl.sum(gp0 * uv, 0)[None, :], 0.0)
+            part_j = _gp_u(u_ptr, u_off, gp0, rows, cols, mcol, L, su_l, j - K // 2, COMPUTE)
+            dwacc += tl.where(kk[:, None] == j, part_j[None, :], 0.0)
         tl.store(du_ptr + pid_b * L * Cn + rows[:, None].to(tl.int64) * Cn + cols[None, :],
-                 du.to(du_ptr.dtype.element_ty), mask=mrow[:, None] & mcol[None, :])
+                 du.to(du_ptr.dtype.element_ty), mask=(rows < L)[:, None] & mcol[None, :])
     if HAS_BIAS:
         tl.store(dbias_part_ptr + part * Cn + cols, dbacc, mask=mcol)
     tl.store(dw_part_ptr + (part * K + kk[:, None]) * Cn + cols[None, :], dwacc, mask=(kk < K)[:, None] & mcol[None, :])
