@@ -107,54 +107,48 @@ def comp(dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def cur_bwd(u, w, bias, dy, cfg, gp_dtype=None):
+def _buffers(u, w, cfg, iters=1):
+    """Grid, output and partial-sum buffers and launch options of one backward (programs over ``iters`` row blocks)."""
     b, L, C = u.shape
     K = w.shape[1]
     bl, bc, nw = cfg
-    nlb = -(-L // bl)
-    grid = (b, nlb, -(-C // bc))
+    parts = -(-(-(-L // bl)) // iters)
     acc = torch.float64 if u.dtype == torch.float64 else torch.float32
-    gp = torch.empty((b, L, C), dtype=gp_dtype or acc, device=u.device)
-    dbp = torch.empty((b * nlb, C), dtype=acc, device=u.device)
-    dk._dwconv_silu_bwd_pre[grid](u, w, bias, dy, gp, dbp, L, C, u.stride(0), u.stride(1), K=K, HAS_BIAS=True,
-                                  COMPUTE=comp(u.dtype), BLOCK_L=bl, BLOCK_C=bc, num_warps=nw)
-    du = torch.empty_like(u)
-    dwp = torch.empty((b * nlb, K, C), dtype=acc, device=u.device)
-    dk._dwconv_silu_bwd_in[grid](u, w, gp, du, dwp, L, C, u.stride(0), u.stride(1), K=K, COMPUTE=comp(u.dtype),
-                                 BLOCK_L=bl, BLOCK_C=bc, num_warps=nw)
-    return du, dwp.sum(0).t().contiguous(), dbp.sum(0)
+    return dict(grid=(b, parts, -(-C // bc)), acc=acc, du=torch.empty_like(u),
+                dbp=torch.empty((b * parts, C), dtype=acc, device=u.device),
+                dwp=torch.empty((b * parts, K, C), dtype=acc, device=u.device),
+                opts=dict(K=K, COMPUTE=comp(u.dtype), BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
+
+
+def _grads(st):
+    return st["du"], st["dwp"].sum(0).t().contiguous(), st["dbp"].sum(0)
+
+
+def cur_bwd(u, w, bias, dy, cfg, gp_dtype=None):
+    """The package's two kernels (gp in fp32, or in ``gp_dtype``)."""
+    st = _buffers(u, w, cfg)
+    gp = torch.empty(u.shape, dtype=gp_dtype or st["acc"], device=u.device)
+    L, C = u.shape[1:]
+    dk._dwconv_silu_bwd_pre[st["grid"]](u, w, bias, dy, gp, st["dbp"], L, C, u.stride(0), u.stride(1), HAS_BIAS=True,
+                                        **st["opts"])
+    dk._dwconv_silu_bwd_in[st["grid"]](u, w, gp, st["du"], st["dwp"], L, C, u.stride(0), u.stride(1), **st["opts"])
+    return _grads(st)
 
 
 def fused_bwd(u, w, bias, dy, cfg):
-    b, L, C = u.shape
-    K = w.shape[1]
-    bl, bc, nw = cfg
-    nlb = -(-L // bl)
-    grid = (b, nlb, -(-C // bc))
-    acc = torch.float64 if u.dtype == torch.float64 else torch.float32
-    dbp = torch.empty((b * nlb, C), dtype=acc, device=u.device)
-    du = torch.empty_like(u)
-    dwp = torch.empty((b * nlb, K, C), dtype=acc, device=u.device)
-    _bwd_fused[grid](u, w, bias, dy, du, dwp, dbp, L, C, u.stride(0), u.stride(1), K=K, HAS_BIAS=True,
-                     COMPUTE=comp(u.dtype), BLOCK_L=bl, BLOCK_C=bc, num_warps=nw)
-    return du, dwp.sum(0).t().contiguous(), dbp.sum(0)
+    st = _buffers(u, w, cfg)
+    L, C = u.shape[1:]
+    _bwd_fused[st["grid"]](u, w, bias, dy, st["du"], st["dwp"], st["dbp"], L, C, u.stride(0), u.stride(1),
+                           HAS_BIAS=True, **st["opts"])
+    return _grads(st)
 
 
 def loop_bwd(u, w, bias, dy, cfg, iters):
-    b, L, C = u.shape
-    K = w.shape[1]
-    bl, bc, nw = cfg
-    nlb = -(-L // bl)
-    ns = -(-nlb // iters)
-    grid = (b, ns, -(-C // bc))
-    acc = torch.float64 if u.dtype == torch.float64 else torch.float32
-    dbp = torch.empty((b * ns, C), dtype=acc, device=u.device)
-    du = torch.empty_like(u)
-    dwp = torch.empty((b * ns, K, C), dtype=acc, device=u.device)
-    _bwd_fused_loop[grid](u, w, bias, dy, du, dwp, dbp, L, C, u.stride(0), u.stride(1), iters, K=K,
-                          KP2=triton.next_power_of_2(K), HAS_BIAS=True, COMPUTE=comp(u.dtype), BLOCK_L=bl,
-                          BLOCK_C=bc, num_warps=nw)
-    return du, dwp.sum(0).t().contiguous(), dbp.sum(0)
+    st = _buffers(u, w, cfg, iters)
+    L, C = u.shape[1:]
+    _bwd_fused_loop[st["grid"]](u, w, bias, dy, st["du"], st["dwp"], st["dbp"], L, C, u.stride(0), u.stride(1), iters,
+                                KP2=triton.next_power_of_2(w.shape[1]), HAS_BIAS=True, **st["opts"])
+    return _grads(st)
 
 
 def gpu_ms(fn, reps=7):
