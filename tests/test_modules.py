@@ -131,6 +131,43 @@ def test_cuda_graph_replay_is_off_the_cuda_training_path():
     assert not cuda_graph._usable(layer.train(), x, tuple(layer.parameters()))
 
 
+def test_cuda_graph_captures_ask_for_thread_local_mode(monkeypatch):
+    """Every capture of a layer (forward, backward, and the reset after a failed capture) asks for thread-local
+    capture mode. Under torch's default ("global") a DataLoader's pin-memory thread that allocates pinned memory while
+    a layer is captured dies, and `yolo train` with it (seen on an H200). Capturing needs CUDA: the GPU test
+    (tests/gpu/test_cuda_graph.py::test_capture_while_another_thread_pins_memory) runs it beside such a thread; here
+    the layer's capture code runs on the CPU against a recording stand-in of torch.cuda's capture API."""
+    import contextlib
+
+    from yolo_bimamba.nn import cuda_graph
+
+    modes = []
+
+    class Stream:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    @contextlib.contextmanager
+    def graph(cuda_graph_, pool=None, stream=None, capture_error_mode="global"):
+        modes.append(capture_error_mode)
+        yield
+
+    for name, value in dict(graph=graph, CUDAGraph=object, Stream=Stream, current_stream=lambda *a: Stream(),
+                            stream=lambda s: contextlib.nullcontext(), synchronize=lambda *a: None,
+                            graph_pool_handle=lambda: None).items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    torch.manual_seed(0)
+    layer = BiMambaLayer2D(16).train()
+    x = torch.randn(1, 16, 3, 4, requires_grad=True)
+    g = cuda_graph._Graphs(layer, layer._forward, x, tuple(layer.parameters()))
+    cuda_graph._end_stuck_capture("cpu")
+    assert modes == ["thread_local"] * 3
+    assert g.out.shape == (1, 16, 3, 4) and len(g.grads) == 1 + len(list(layer.parameters()))
+
+
 def test_cuda_graph_summary_counts_replaying_failed_and_eager_layers(monkeypatch):
     """The line the training guard logs at the end of CUDA training: layers with graphs (and their distinct input
     shapes), layers left eager by a failed capture, and the rest."""
