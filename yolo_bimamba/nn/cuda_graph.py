@@ -105,13 +105,18 @@ def _standing_in(layer: nn.Module, params, stand_ins):
             m._parameters[name] = p
 
 
+def _capture(graph, **kwargs):
+    """``torch.cuda.graph`` in this module's capture mode: every capture of a layer goes through here."""
+    return torch.cuda.graph(graph, capture_error_mode=CAPTURE_MODE, **kwargs)
+
+
 def _end_stuck_capture(dev) -> None:
     """After a failed capture: torch leaves the device's default random generator in its capturing state when a
     capture ends in an error (every later random op on the device then raises "Offset increment outside graph
     capture"). A small capture that succeeds ends that state."""
     a = torch.zeros(1, device=dev)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=torch.cuda.Stream(device=dev), capture_error_mode=CAPTURE_MODE):
+    with _capture(g, stream=torch.cuda.Stream(device=dev)):
         a.add_(1.0)
 
 
@@ -144,10 +149,10 @@ class _Graphs:
             pool = torch.cuda.graph_pool_handle()
             self.fwd, self.bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
             with torch.autocast(**amp):
-                with torch.cuda.graph(self.fwd, pool=pool, stream=side, capture_error_mode=CAPTURE_MODE):
+                with _capture(self.fwd, pool=pool, stream=side):
                     self.out = forward(self.x)
                 self.gout = torch.empty_like(self.out)
-                with torch.cuda.graph(self.bwd, pool=pool, stream=side, capture_error_mode=CAPTURE_MODE):
+                with _capture(self.bwd, pool=pool, stream=side):
                     grads = torch.autograd.grad(self.out, inputs, self.gout, allow_unused=True)
         self.used = [gr is not None for gr in grads]  # an input the output does not depend on gets None
         self.grads = [gr for gr in grads if gr is not None]
