@@ -24,6 +24,7 @@ import triton.language as tl
 
 from yolo_bimamba.ops import dwconv_kernels as dk
 from yolo_bimamba.ops.dwconv import dwconv_silu
+from yolo_bimamba.ops.fused_switch import compute_dtype
 
 _pre_tile, _tile = dk._pre_tile, dk._tile
 
@@ -103,10 +104,6 @@ def _bwd_fused_loop(u_ptr, w_ptr, bias_ptr, dy_ptr, du_ptr, dw_part_ptr, dbias_p
     tl.store(dw_part_ptr + (part * K + kk[:, None]) * Cn + cols[None, :], dwacc, mask=(kk < K)[:, None] & mcol[None, :])
 
 
-def comp(dtype):
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
 def _buffers(u, w, cfg, iters=1):
     """Grid, output and partial-sum buffers and launch options of one backward (programs over ``iters`` row blocks)."""
     b, L, C = u.shape
@@ -117,7 +114,7 @@ def _buffers(u, w, cfg, iters=1):
     return dict(grid=(b, parts, -(-C // bc)), acc=acc, du=torch.empty_like(u),
                 dbp=torch.empty((b * parts, C), dtype=acc, device=u.device),
                 dwp=torch.empty((b * parts, K, C), dtype=acc, device=u.device),
-                opts=dict(K=K, COMPUTE=comp(u.dtype), BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
+                opts=dict(K=K, COMPUTE=compute_dtype(u.dtype), BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
 
 
 def _grads(st):
@@ -236,7 +233,7 @@ def fwd_launch(u, w, bias, cfg):
     bl, bc, nw = cfg
     y = torch.empty((b, L, C), dtype=u.dtype, device=u.device)
     dk._dwconv_silu_fwd[(b, -(-L // bl), -(-C // bc))](u, w, bias, y, L, C, u.stride(0), u.stride(1), K=7,
-                                                       HAS_BIAS=True, COMPUTE=comp(u.dtype), BLOCK_L=bl,
+                                                       HAS_BIAS=True, COMPUTE=compute_dtype(u.dtype), BLOCK_L=bl,
                                                        BLOCK_C=bc, num_warps=nw)
     return y
 
