@@ -162,13 +162,19 @@ def _num_sms(device_index):
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def sm_count(device) -> int:
+    """Streaming multiprocessors the segments are cut for: the CUDA device's; 4 elsewhere (the interpreter)."""
+    if device.type != "cuda":
+        return 4
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def segment_rows(b, h, L, device) -> int:
     """Rows per program of the segment-parallel backward: enough segments for about
     ``_PROGRAMS_PER_SM`` programs per SM, each a whole number of ``SEG_MULTIPLE`` rows."""
     if _forced["seg"] is not None:
         return _forced["seg"]
-    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 4
+    sms = sm_count(device)
     blocks = _cdiv(L, SEG_MULTIPLE)
     nseg = max(1, min(blocks, int(_PROGRAMS_PER_SM * sms) // (b * h)))
     return SEG_MULTIPLE * _cdiv(blocks, nseg)
