@@ -74,30 +74,14 @@ def launches_mocked(sms: int):
         yield
 
 
-def inputs(shape: dict, dtype, device):
-    """The benchmark's inputs (bench_kernels.make_inputs' shapes and dtypes), uninitialised."""
-    b, l, h, p, g, n = (shape[k] for k in "b l h p g n".split())
-    f32 = torch.float32
-    spec = dict(x=((b, l, h, p), dtype), dt=((b, l, h), dtype), A=((h,), f32), B=((b, l, g, n), dtype),
-                C=((b, l, g, n), dtype), D=((h,), f32), dt_bias=((h,), f32))
-    return {k: torch.empty(s, dtype=dt, device=device, requires_grad=True) for k, (s, dt) in spec.items()}
-
-
 def account(shape: dict, dtype=torch.bfloat16, device="meta", sms: int | None = None) -> dict:
     """One fwd+bwd of ``bi_ssd_triton`` (both directions, D and dt_bias, softplus, as the benchmark calls it) with
     every buffer recorded. ``device="meta"`` with ``sms``: launches mocked; a CPU device under the Triton interpreter
     runs the kernels for real (the tests compare the two records)."""
-    inp = inputs(shape, dtype, device)
+    inp = bench_kernels.make_inputs(shape, dtype, device, hydra=False)  # the benchmark's inputs, shapes and dtypes
     rec = Recorder(triton_op._alloc, per_head=shape["g"] != shape["h"])
     mocked = launches_mocked(sms) if sms is not None else contextlib.nullcontext()
     with mock.patch.object(triton_op, "_alloc", rec), mocked:
-        if device != "meta":
-            with torch.no_grad():
-                for k in ("x", "dt", "B", "C"):
-                    inp[k].normal_()
-                inp["A"].uniform_(-2.0, -0.5)
-                inp["D"].normal_()
-                inp["dt_bias"].uniform_(-3.0, -1.0)
         y = triton_op.bi_ssd_triton(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], D=inp["D"],
                                     dt_bias=inp["dt_bias"], dt_softplus=True, validate=False)
         dy = torch.ones_like(y)
