@@ -35,6 +35,7 @@ results against the unordered ones and itself on every repeat).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -43,12 +44,12 @@ import torch
 import triton
 import triton.language as tl
 
-# (name, batch, length, heads, headdim, d_state, segments): the kernel benchmark's b16 L1600 h8 (two segments per
-# sequence on an H200, as the op cuts it) and LM shapes, and the detection models' p32 n32 layers
+# (name, batch, length, heads, headdim, d_state): the kernel benchmark's b16 L1600 h8 and LM shapes, and the detection
+# models' p32 n32 layers; each cut into segments as the op cuts it on the GPU at hand (triton_op.segment_rows)
 SHAPES = {
-    "b16_L1600_h8_p64_n64": (16, 1600, 8, 64, 64, 2),
-    "b32_L1600_h8_p32_n32": (32, 1600, 8, 32, 32, 1),
-    "lm_b8_L8192_h32_p64_n128": (8, 8192, 32, 64, 128, 1),
+    "b16_L1600_h8_p64_n64": (16, 1600, 8, 64, 64),
+    "b32_L1600_h8_p32_n32": (32, 1600, 8, 32, 32),
+    "lm_b8_L8192_h32_p64_n128": (8, 8192, 32, 64, 128),
 }
 
 
@@ -203,12 +204,17 @@ def main():
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA device (the CPU checks are tests/test_ordered_head_sum_study.py)")
+    # the op's segmentation; bench_kernels enters the package without Ultralytics where that is missing
+    spec = importlib.util.spec_from_file_location("bench_kernels", Path(__file__).parent / "bench_kernels.py")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    from yolo_bimamba.ops.triton_op import segment_rows
+
     rows = []
     for name in a.shapes.split(","):
-        b, l, h, p, n, nseg = SHAPES[name]
-        blocks = -(-l // 64)
-        seg = 64 * -(-blocks // nseg)  # segments of whole 64-row chunks, as the op cuts them
+        b, l, h, p, n = SHAPES[name]
         x, s = make_inputs(b, l, h, p, n, torch.bfloat16, "cuda")
+        seg = segment_rows(b, h, l, x.device)
+        nseg = -(-l // seg)
         for work in (int(w) for w in a.work.split(",")):
             first, cnt = group_sum(x, s, seg, True, work=work)
             plain, _ = group_sum(x, s, seg, False, work=work, ph_dtype=torch.float32)
