@@ -31,6 +31,10 @@ On the CPU (tests/test_ordered_head_sum_study.py, Triton interpreter) the two sc
 reference and the ordered one for bitwise repeatability; the interpreter runs programs one after another, so the
 waits there are never contended: only a GPU run tests the ordering under concurrency (the script checks the ordered
 results against the unordered ones and itself on every repeat).
+
+Outcome (H200, benchmarks/results/session20/): bitwise repeatable, 1.3-1.6x the per-head scheme's time. The op now
+has the ordered sum as an option (YOLO_BIMAMBA_ORDERED_ROWS=1) with ONE fp32 row set: with one direction per launch,
+each dB or dC row gets a single pass's terms in a launch, so the two-row-set form above is not needed there.
 """
 from __future__ import annotations
 
@@ -44,6 +48,12 @@ import torch
 import triton
 import triton.language as tl
 
+# the op's package (bench_kernels enters it without Ultralytics where that is missing, as on the GPU machines) and its
+# own ordered addition (the op's ORDERED mode, YOLO_BIMAMBA_ORDERED_ROWS=1, grew out of this study)
+_spec = importlib.util.spec_from_file_location("bench_kernels", Path(__file__).parent / "bench_kernels.py")
+_spec.loader.exec_module(importlib.util.module_from_spec(_spec))
+from yolo_bimamba.ops.triton_kernels import _add_turn  # noqa: E402
+
 # (name, batch, length, heads, headdim, d_state): the kernel benchmark's b16 L1600 h8 and LM shapes, and the detection
 # models' p32 n32 layers; each cut into segments as the op cuts it on the GPU at hand (triton_op.segment_rows)
 SHAPES = {
@@ -54,13 +64,6 @@ SHAPES = {
 
 
 @triton.jit
-def _wait_for(cnt_ptr, target):
-    seen = tl.atomic_add(cnt_ptr, 0, sem="acquire")
-    while seen < target:
-        seen = tl.atomic_add(cnt_ptr, 0, sem="acquire")
-
-
-@triton.jit
 def _chunk_step(x_ptr, S, b, h, rows, mrow, L, H, offs_p, P: tl.constexpr, WORK: tl.constexpr, DOT: tl.constexpr):
     xv = tl.load(x_ptr + ((b * L + rows[:, None]) * H + h) * P + offs_p[None, :], mask=mrow[:, None],
                  other=0.0).to(tl.float32)
@@ -68,16 +71,6 @@ def _chunk_step(x_ptr, S, b, h, rows, mrow, L, H, offs_p, P: tl.constexpr, WORK:
     for _ in range(WORK):
         S = 0.5 * S + 1e-3 * tl.dot(tl.trans(xv), v, input_precision=DOT)
     return v, S
-
-
-@triton.jit
-def _add_turn(acc_ptrs, m, v, cnt_ptr, turn):
-    """acc += v once the chunk's counter reads ``turn`` (the lower heads' additions are done), then count it."""
-    _wait_for(cnt_ptr, turn)
-    old = tl.load(acc_ptrs, mask=m & (turn > 0), other=0.0, cache_modifier=".cg")
-    tl.store(acc_ptrs, old + v, mask=m)
-    tl.debug_barrier()  # every thread's store issued before the release below
-    tl.atomic_add(cnt_ptr, 1, sem="release")
 
 
 @triton.jit
@@ -204,10 +197,7 @@ def main():
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA device (the CPU checks are tests/test_ordered_head_sum_study.py)")
-    # the op's segmentation; bench_kernels enters the package without Ultralytics where that is missing
-    spec = importlib.util.spec_from_file_location("bench_kernels", Path(__file__).parent / "bench_kernels.py")
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))
-    from yolo_bimamba.ops.triton_op import segment_rows
+    from yolo_bimamba.ops.triton_op import segment_rows  # the op's segmentation
 
     rows = []
     for name in a.shapes.split(","):

@@ -66,6 +66,9 @@ def _variants():
     return [
         ("p64n64-both", 64, 64, 1, 8, both, ("fp32", "bf16"), t1),
         ("p64n64-both-two-launches", 64, 64, 1, 8, dict(both, split=True), ("fp32", "bf16"), t1),
+        # the segment kernel's ordered group rows (tickets, acquire / release counters; YOLO_BIMAMBA_ORDERED_ROWS=1)
+        ("p64n64-both-ordered", 64, 64, 1, 8, dict(both, ordered=True), ("bf16",), t1),
+        ("p64n128-both-ordered", 64, 128, 1, 8, dict(both, ordered=True), ("bf16",), t2),
         ("p64n128-both", 64, 128, 1, 8, both, ("fp32", "bf16"), t1),
         ("p128n128-both", 128, 128, 1, 4, both, ("fp32", "bf16"), t1),
         # 256 fits only for 16-bit inputs, with the other size at most 64 (validate.triton_dims_supported)
@@ -126,7 +129,7 @@ def _call_op(dtype_name, p, n, g, h, v):
     fwds, bwds = list(range(len(FWD_CONFIGS))), list(per_q.values())
     runs = [(None, None)] + [(fwds[i % len(fwds)], bwds[i % len(bwds)]) for i in range(max(len(fwds), len(bwds)))]
     for fwd, bwd in runs:
-        with force_config(seg=256, split=v.get("split"), fwd=fwd, bwd=bwd):
+        with force_config(seg=256, split=v.get("split"), ordered=v.get("ordered"), fwd=fwd, bwd=bwd):
             y = bi_ssd_triton(x, dtt, A, B, C, **kw)
             leaves = [t for t in [x, dtt, A, B, C, *kw.values()] if isinstance(t, torch.Tensor)]
             torch.autograd.grad(y, leaves, torch.randn_like(y))

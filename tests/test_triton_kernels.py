@@ -602,10 +602,101 @@ def test_force_config_nests():
     one, so the segment tests above really run the segments and state configs they name."""
     with force_config(state=1, seg=2 * SEG_MULTIPLE, split=False):
         with force_config(fwd=0, bwd=0):
-            assert triton_op._forced == dict(fwd=0, bwd=0, state=1, pairs=None, seg=2 * SEG_MULTIPLE, split=False)
+            assert triton_op._forced == dict(fwd=0, bwd=0, state=1, pairs=None, seg=2 * SEG_MULTIPLE, split=False,
+                                             ordered=None)
             assert triton_op.segment_rows(1, 1, 10 * SEG_MULTIPLE, torch.device(DEV)) == 2 * SEG_MULTIPLE
         assert triton_op._forced["fwd"] is None and triton_op._forced["seg"] == 2 * SEG_MULTIPLE
     assert all(v is None for v in triton_op._forced.values())
+
+
+# 2c. ordered group rows (YOLO_BIMAMBA_ORDERED_ROWS=1): the segment kernel adds each head's dB, dC terms to the
+#     group's fp32 rows in head order (tickets and per-chunk counters) instead of writing per-head rows
+def _spy_bwd_launches(monkeypatch):
+    launched = []
+    orig = triton_op._run_config
+
+    def spy(jit_fn, grid_fn, args, kwargs, cfg):
+        if jit_fn is triton_op._bi_ssd_bwd_kernel:
+            launched.append((kwargs["ORDERED"], kwargs["GRAD_PER_HEAD"], kwargs["ACC"], kwargs["DO_F"], kwargs["DO_B"]))
+        return orig(jit_fn, grid_fn, args, kwargs, cfg)
+
+    monkeypatch.setattr(triton_op, "_run_config", spy)
+    return launched
+
+
+@pytest.mark.parametrize("bi", range(len(BWD_CONFIGS)))
+def test_ordered_group_rows_every_bwd_config(monkeypatch, bi):
+    """Every backward config, ngroups = 1 and 2 with 4 heads (turns 0..3 and 0..1 per group), both directions (two
+    launches: the second one's turns follow the first's) and each alone, several segments (the last one partial):
+    against the float64 reference with every output and gradient buffer NaN-poisoned (the group rows too: a turn 0
+    that added instead of storing, or a row no head wrote, gives NaN), and the ordered launches did run."""
+    launched = _spy_bwd_launches(monkeypatch)
+    q = _qb(bi)
+    for i, (g, direction) in enumerate([(1, "both"), (2, "both"), (1, "forward"), (2, "backward")]):
+        args, kw = make_inputs(b=2, l=2 * SEG_MULTIPLE + q + 5, h=4, g=g, seed=20 * bi + i, d_shape="h")
+        kw.update(direction=direction)
+        launched.clear()
+        with force_config(seg=SEG_MULTIPLE, ordered=True):
+            check_case(args, kw, bi % len(FWD_CONFIGS), bi)
+        both = direction == "both"
+        want = [(True, False, False, direction != "backward", not both and direction == "backward")]
+        if both:
+            want = [(True, False, False, True, False), (True, False, True, False, True)]
+        assert launched == want, (direction, launched)
+
+
+def test_ordered_group_rows_rule(monkeypatch):
+    """Where the ordered rows run: asked for (force_config or YOLO_BIMAMBA_ORDERED_ROWS), ngroups < nheads and not
+    Hydra's separate backward inputs; then both directions take two launches, unless one launch is forced, which
+    keeps the per-head rows. Off by default."""
+    launched = _spy_bwd_launches(monkeypatch)
+    dy = None
+
+    def run(g=1, sep=False, **forced):
+        nonlocal dy
+        args, kw = make_inputs(b=1, l=40, h=4, p=8, n=16, g=g, sep=sep, guard=False, seed=5)
+        dy = torch.randn(1, 40, 4, 8, generator=torch.Generator().manual_seed(6)).float()
+        launched.clear()
+        with force_config(**forced):
+            run_triton(args, kw, dy, poison=False)
+        return [(o, ph) for o, ph, *_ in launched]
+
+    assert triton_op._ORDERED_ROWS is False
+    assert run() == [(False, True)]  # the default: per-head rows, one launch (BiMamba2 mode at these sizes)
+    assert run(ordered=True) == [(True, False)] * 2
+    assert run(ordered=True, split=False) == [(False, True)]
+    assert run(ordered=True, g=4) == [(False, False)]  # one head per group: nothing to sum, one launch
+    assert run(ordered=True, sep=True) == [(False, True)] * 2  # Hydra: per-head rows (two launches at its sizes)
+    monkeypatch.setattr(triton_op, "_ORDERED_ROWS", True)
+    assert run() == [(True, False)] * 2
+
+
+def test_ordered_group_rows_buffers_and_autotuning(monkeypatch):
+    """With the ordered rows no per-head (b, L, h, n) buffer is allocated, and the result equals the per-head
+    rows' to fp32 rounding (same configs). Under the autotuners (timed on the CPU) too: each timed config restores the counters
+    (cnt_ptr in restore_value), or the next config's tickets would name segments past the grid."""
+    args, kw = make_inputs(b=2, l=3 * SEG_MULTIPLE + 7, h=4, p=8, n=16, g=1, seed=8)
+    per_head_shape = (2, 3 * SEG_MULTIPLE + 7, 4, 16)
+    shapes = []
+    orig = triton_op._alloc
+
+    def alloc(shape, dtype, device):
+        shapes.append(tuple(shape))
+        return orig(shape, dtype, device)
+
+    monkeypatch.setattr(triton_op, "_alloc", alloc)
+    dy = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(9)).float()
+    with force_config(seg=SEG_MULTIPLE, ordered=False):
+        _, per_head, _ = run_triton(args, kw, dy)
+    assert per_head_shape in shapes
+    shapes.clear()
+    with force_config(seg=SEG_MULTIPLE, ordered=True):
+        _, ordered, ok = run_triton(args, kw, dy)
+    assert ok and per_head_shape not in shapes
+    for k in per_head:
+        assert rel_err(ordered[k], per_head[k]) <= 1e-6, k
+    with triton_op.interpreter_autotune(), force_config(seg=SEG_MULTIPLE, ordered=True):
+        check_case(args, kw)  # (the tuned configs' chunks differ: against the float64 reference, as every config)
 
 
 @pytest.mark.parametrize("split", [True, False])

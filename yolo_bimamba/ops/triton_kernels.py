@@ -601,6 +601,26 @@ def _add_rows(ptrs, v, mask):
 
 
 @triton.jit
+def _wait_for(cnt_ptr, target):
+    """Spin until the counter reads at least ``target`` (an acquire: what was stored before its release is seen)."""
+    seen = tl.atomic_add(cnt_ptr, 0, sem="acquire")
+    while seen < target:
+        seen = tl.atomic_add(cnt_ptr, 0, sem="acquire")
+
+
+@triton.jit
+def _add_turn(ptrs, mask, v, cnt_ptr, turn):
+    """Rows shared by a group's heads (ORDERED): ptrs[...] += v once the chunk's counter reads ``turn`` (every
+    earlier turn's addition is done; turn 0 stores v, so the rows need no zeroing), then count this one. The load
+    bypasses L1 (other SMs wrote the rows); the barrier orders every thread's store before the release."""
+    _wait_for(cnt_ptr, turn)
+    old = tl.load(ptrs, mask=mask & (turn > 0), other=0.0, cache_modifier=".cg")
+    tl.store(ptrs, (old.to(v.dtype) + v).to(ptrs.dtype.element_ty), mask=mask)
+    tl.debug_barrier()
+    tl.atomic_add(cnt_ptr, 1, sem="release")
+
+
+@triton.jit
 def _dt_rows(dt_ptr, rows, L, H):
     return tl.load(dt_ptr + rows * H, mask=(rows >= 0) & (rows < L), other=0.0)
 
@@ -688,20 +708,44 @@ def _x_in(x_n, x_ptr, xy_off, m_xp, COMPUTE: tl.constexpr, AHEAD: tl.constexpr):
 @triton.jit
 def _bi_ssd_bwd_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, dy_ptr,
-    dx_ptr, dB_ptr, dC_ptr, ddt_ptr, dBb_ptr, dCb_ptr, ddtb_ptr, scr_ptr, part_ptr, st_ptr, gst_ptr,
+    dx_ptr, dB_ptr, dC_ptr, ddt_ptr, dBb_ptr, dCb_ptr, ddtb_ptr, scr_ptr, part_ptr, st_ptr, gst_ptr, cnt_ptr,
     L, H, G, SEG, dt_lo, dt_hi,
     P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SEPARATE: tl.constexpr, SHARE: tl.constexpr,
     HAS_D: tl.constexpr, D_PER_P: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-    GRAD_PER_HEAD: tl.constexpr, ACC: tl.constexpr, COMPUTE: tl.constexpr, DOT_ST: tl.constexpr,
-    DOT_RD: tl.constexpr, DOT_LO: tl.constexpr, BLOCK_Q: tl.constexpr,
+    GRAD_PER_HEAD: tl.constexpr, ORDERED: tl.constexpr, ACC: tl.constexpr, COMPUTE: tl.constexpr,
+    DOT_ST: tl.constexpr, DOT_RD: tl.constexpr, DOT_LO: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
     """The backward's state terms (pairs across chunks), one program per (batch * head, segment); the in-chunk
     pairs are _bi_ssd_bwd_pairs_kernel's, which adds to what this kernel wrote. ACC: a launch before this one (the
-    other direction's) wrote dx, dB, dC and dD's partials already."""
-    pid = tl.program_id(0)
-    seg = tl.program_id(1)
+    other direction's) wrote dx, dB, dC and dD's partials already.
+
+    ORDERED (ngroups < nheads, one direction per launch): dB, dC are the group's fp32 rows, which the programs of a
+    group's heads add to in head order, chunk by chunk (_add_turn), so the sum is the same in every run. cnt (int32,
+    zeroed): slots 0 and 1 hand out tickets (first launch, ACC launch), then a counter per (batch * group, dB / dC,
+    chunk). A program's (batch * head, segment) comes from its ticket, heads fastest, so a program only ever waits
+    for a lower head of its batch and segment, which took its ticket earlier and is running or done: no deadlock,
+    whatever order the GPU starts programs in. In one launch each row gets one pass's terms (dB pass A and dC pass B
+    in the causal direction, the reverse in the anti-causal one), so a turn is the head's index in its group, after
+    the first launch's turns in the ACC launch."""
+    if ORDERED:
+        if ACC:
+            ticket = tl.atomic_add(cnt_ptr + 1, 1)
+        else:
+            ticket = tl.atomic_add(cnt_ptr, 1)
+        pid = ticket % tl.num_programs(0)
+        seg = ticket // tl.num_programs(0)
+    else:
+        pid = tl.program_id(0)
+        seg = tl.program_id(1)
     hidx, gidx, b64 = _head_coords(pid, H, G)
+    R = H // G
+    turn = hidx % R
+    if ACC:
+        turn += R
+    NCH = tl.cdiv(L, BLOCK_Q)
+    cnt_B = cnt_ptr + 2 + (b64 * G + gidx) * 2 * NCH  # + chunk; dC's counters follow dB's
+    cnt_C = cnt_B + NCH
 
     offs_q, offs_p, offs_n, mask_p, mask_n = _tile_offsets(0, P, N, BLOCK_Q, BLOCK_P, BLOCK_N)
 
@@ -784,7 +828,10 @@ def _bi_ssd_bwd_kernel(
             dS = tl.exp(lastf) * dS + _dot(tl.trans(Cf * tl.exp(csf)[:, None]), dzf, DOT_ST)
             xin = tl.sum(uf_in * xv, 1)
             dxv += dtf[:, None] * uf_in
-            tl.store(dB_ptr + g_off, dBf.to(dB_ptr.dtype.element_ty), mask=m_bn)
+            if ORDERED:
+                _add_turn(dB_ptr + g_off, m_bn, dBf, cnt_B + c, turn)
+            else:
+                tl.store(dB_ptr + g_off, dBf.to(dB_ptr.dtype.element_ty), mask=m_bn)
             tl.store(scr_ptr + so + rows, -dtf * xin, mask=mrow)
             tl.store(scr_ptr + so + L + rows, xin, mask=mrow)
         if DO_B:
@@ -818,7 +865,10 @@ def _bi_ssd_bwd_kernel(
                 dxv += Dv * dyv
         if DO_F or (not ACC):  # (an anti-causal launch adding to an earlier launch's dx does so in pass B)
             tl.store(dx_ptr + xo + xy_off, dxv.to(dx_ptr.dtype.element_ty), mask=m_xp)
-        if DO_F or (not SEPARATE):
+        if ORDERED:  # (a causal launch writes its dC in pass B)
+            if DO_B:
+                _add_turn(dC_ptr + g_off, m_bn, dCv, cnt_C + c, turn)
+        elif DO_F or (not SEPARATE):
             if ACC and (not SEPARATE):  # add to the other direction's dC
                 _add_rows(dC_ptr + g_off, dCv, m_bn)
             else:
@@ -852,11 +902,12 @@ def _bi_ssd_bwd_kernel(
         # which hide the loads' latency (loaded where they are added, they were a fifth of the kernel's stalls on an
         # H200); a scratch slot 3 row is always minus the slot 2 row, so only slot 2 is read
         if DO_F:
-            dC_old = tl.load(dC_ptr + g_off, mask=m_bn, other=0.0)
+            if not ORDERED:  # (ORDERED: loaded in its turn)
+                dC_old = tl.load(dC_ptr + g_off, mask=m_bn, other=0.0)
             s0_old = tl.load(scr_ptr + so + rows, mask=mrow, other=0.0)
         if DO_B:
             dx_old = tl.load(dx_ptr + xo + xy_off, mask=m_xp, other=0.0)
-            if (not SEPARATE) and (DO_F or ACC):
+            if (not SEPARATE) and (DO_F or ACC) and (not ORDERED):
                 dB_old = tl.load(dB_ptr + g_off, mask=m_bn, other=0.0)
             s2_old = tl.load(scr_ptr + so + 2 * L + rows, mask=mrow, other=0.0)
         if DO_F:
@@ -869,7 +920,10 @@ def _bi_ssd_bwd_kernel(
             # = C_t . dC_t from the same product (DOT_RD, as for Yb)
             dC_inter = tl.exp(csf)[:, None] * _dot(dzf, tl.trans(S), DOT_RD)
             Yf = tl.sum(Cf * dC_inter, 1)
-            _store_sum(dC_ptr + g_off, dC_old, dC_inter, m_bn)
+            if ORDERED:
+                _add_turn(dC_ptr + g_off, m_bn, dC_inter, cnt_C + c, turn)
+            else:
+                _store_sum(dC_ptr + g_off, dC_old, dC_inter, m_bn)
             S = tl.exp(lastf) * S + _dot(tl.trans(Bf * (tl.exp(tailf - af) * dtf)[:, None]), xv, DOT_ST)
             _store_sum(scr_ptr + so + rows, s0_old, Yf, mrow)
         if DO_B:
@@ -889,7 +943,9 @@ def _bi_ssd_bwd_kernel(
             Xb = dtb * xub_in
             dSb = tl.exp(lastb) * dSb + _dot(tl.trans(Cbv * tl.exp(tailb)[:, None]), dzb, DOT_ST)
             _store_sum(dx_ptr + xo + xy_off, dx_old, dtb[:, None] * ub_in, m_xp)
-            if SEPARATE:
+            if ORDERED:
+                _add_turn(dB_ptr + g_off, m_bn, dBb, cnt_B + c, turn)
+            elif SEPARATE:
                 tl.store(dBb_ptr + g_off, dBb.to(dBb_ptr.dtype.element_ty), mask=m_bn)
             elif DO_F or ACC:  # add to this chunk's dB of pass A or of the other direction's launch
                 _store_sum(dB_ptr + g_off, dB_old, dBb, m_bn)
@@ -965,8 +1021,9 @@ def _bi_ssd_bwd_pairs_kernel(
     _bi_ssd_bwd_kernel (same BLOCK_Q: the same chunks) wrote, writes the in-chunk log-decay gradients (slot 5; slot 2
     added to), and adds the head's dB, dC (the segment kernel's, dB_ptr / dC_ptr, plus its in-chunk terms) to the
     group's sums, which it stores into oB, oC (oBb, oCb) in their dtype: the per-head buffers (GRAD_PER_HEAD) are
-    summed over each group's heads here, in head order, without a kernel of their own. With ngroups == nheads a group
-    is one head, and the partial and the output may be one tensor (each row is read before it is written)."""
+    summed over each group's heads here, in head order, without a kernel of their own; rows of the group (ngroups ==
+    nheads, or the segment kernel's ORDERED sums) are added once, with the group's first head. With ngroups == nheads
+    a group is one head, and the partial and the output may be one tensor (each row is read before it is written)."""
     pid = tl.program_id(0)
     c = tl.program_id(1)
     gidx = pid % G
@@ -1003,8 +1060,10 @@ def _bi_ssd_bwd_pairs_kernel(
         dto = b64 * L * H + hidx
         if GRAD_PER_HEAD:
             g_off = b64 * L * H * N + hidx * N + rows[:, None] * (H * N) + offs_n[None, :]
-        else:
+            m_g = m_bn
+        else:  # the group's rows (one head, or the segment kernel's ORDERED sums): added once, with the first head
             g_off = o_off
+            m_g = m_bn & (j == 0)
         so = (b64 * H + hidx) * 6 * L
         _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
         xv = tl.load(x_ptr + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
@@ -1029,15 +1088,15 @@ def _bi_ssd_bwd_pairs_kernel(
             _add_rows(scr_ptr + so + 4 * L + rows, ddt_b, mrow)
             _add_rows(scr_ptr + so + 2 * L + rows, da_b, mrow)
             if SEPARATE:
-                sumBb += _head_sum(dBb_ptr + g_off, dBb, m_bn)
-                sumCb += _head_sum(dCb_ptr + g_off, dCb, m_bn)
+                sumBb += _head_sum(dBb_ptr + g_off, dBb, m_g)
+                sumCb += _head_sum(dCb_ptr + g_off, dCb, m_g)
             else:
                 dBv += dBb
                 dCv += dCb
         _add_rows(dx_ptr + xy_off, dxv, m_xp)
         if DO_F or not SEPARATE:
-            sumB += _head_sum(dB_ptr + g_off, dBv, m_bn)
-            sumC += _head_sum(dC_ptr + g_off, dCv, m_bn)
+            sumB += _head_sum(dB_ptr + g_off, dBv, m_g)
+            sumC += _head_sum(dC_ptr + g_off, dCv, m_g)
     if DO_F or not SEPARATE:
         tl.store(oB_ptr + o_off, sumB.to(oB_ptr.dtype.element_ty), mask=m_bn)
         tl.store(oC_ptr + o_off, sumC.to(oC_ptr.dtype.element_ty), mask=m_bn)

@@ -3,7 +3,7 @@
 Forward: a state kernel (segment-boundary states; skipped when the sequence is one segment) and one forward
 launch. Backward: a state kernel, one segment-kernel launch per direction (or one for both, ``split=False``) for the
 state terms, the in-chunk pairs kernel (which also sums the per-head dB, dC over each group's heads when ngroups <
-nheads), the pass-C kernel, plus a few tiny reductions over the batch in torch. On CUDA the kernels are autotuned over
+nheads, unless the segment kernel summed them in head order itself: YOLO_BIMAMBA_ORDERED_ROWS=1), the pass-C kernel, plus a few tiny reductions over the batch in torch. On CUDA the kernels are autotuned over
 :data:`FWD_CONFIGS` / :data:`BWD_CONFIGS` / :data:`STATE_CONFIGS` / :data:`PAIRS_CONFIGS` (``YOLO_BIMAMBA_AUTOTUNE=0``:
 no autotuning, :func:`default_config`); under the Triton
 interpreter (``TRITON_INTERPRET=1``, CPU tensors) the default configs run unless one is forced with
@@ -31,7 +31,7 @@ from .validate import kernel_tile, validate_bi_ssd
 __all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE_CONFIGS", "PAIRS_CONFIGS"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_forced = {"fwd": None, "bwd": None, "state": None, "pairs": None, "seg": None, "split": None}
+_forced = {"fwd": None, "bwd": None, "state": None, "pairs": None, "seg": None, "split": None, "ordered": None}
 # "both" directions: the backward's segment kernel runs once per direction (the second launch adds to the first's
 # dx, dB, dC) instead of once with both directions in one program (fewer registers per program). "auto" (default):
 # two launches, except in BiMamba2 mode (SHARE) with headdim and d_state <= 64, where the one launch reuses the causal
@@ -40,6 +40,14 @@ _forced = {"fwd": None, "bwd": None, "state": None, "pairs": None, "seg": None, 
 # vs 1.200), two at the LM shape, p64 n128 (16.1 vs 21.5 ms): benchmarks/results/session10/sweep-cfg-split-*.txt.
 # "1" / "0": always / never.
 _SPLIT_DIRECTIONS = os.environ.get("YOLO_BIMAMBA_SPLIT_DIRECTIONS", "auto").strip().lower()
+# ngroups < nheads (BiMamba2 mode): the backward's segment kernel adds each head's dB, dC terms to the group's fp32 rows
+# in head order (ORDERED; one direction per launch) instead of writing per-head rows that the pairs kernel sums: the
+# per-head rows were the whole excess of the op's peak memory over 1.1x its I/O (benchmarks/memory_account.py). On an
+# H200 (bf16, YOLO_BIMAMBA_AUTOTUNE=0) the ordered rows took fwd+bwd peak memory / I/O from 1.37 to 1.02 at b16 L1600 h8
+# p64 n64 and from 1.74 to 0.87 at the LM shape, for 15 % and 13 % more GPU time (1.078 vs 0.938 ms, 15.37 vs
+# 13.63 ms; benchmarks/results/session20/kernels-h200-s20-ordered*.md), 8 % more at the detection layers' b32 L1600 h8
+# p32 n32 (1.288 vs 1.191 ms, ordinary launches). "0" (default): per-head rows, the faster; "1": ordered group rows
+_ORDERED_ROWS = os.environ.get("YOLO_BIMAMBA_ORDERED_ROWS", "0").strip().lower() not in ("", "0", "false", "no")
 # segment-parallel kernels: aim for about this many backward programs per streaming multiprocessor. 2 was faster than
 # 4 and 8 on an H200 at every shape of benchmarks/profile_gpu.py (fewer segments: a shorter state-kernel walk and fewer
 # boundary states), e.g. b16 L1600 h8 fwd+bwd 1.89 / 2.12 / 2.04 ms GPU time (benchmarks/results/prof-*.json)
@@ -102,8 +110,9 @@ _fwd_pairs_tuned = triton.autotune(
 # the backward adds to dx (and dB, dC) that an earlier launch wrote (ACC): the autotuner times each config on copies
 # restored after every timed call, so tuning never adds the same contribution twice
 _bwd_tuned = triton.autotune(
-    configs=BWD_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD", "ACC", "DOT_ST", "DOT_RD", "DOT_LO"],
-    prune_configs_by={"early_config_prune": prune_bwd_configs}, restore_value=["dx_ptr", "dB_ptr", "dC_ptr"], **_BENCH,
+    configs=BWD_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD", "ORDERED", "ACC", "DOT_ST", "DOT_RD", "DOT_LO"],
+    prune_configs_by={"early_config_prune": prune_bwd_configs},
+    restore_value=["dx_ptr", "dB_ptr", "dC_ptr", "cnt_ptr"], **_BENCH,
 )(_bi_ssd_bwd_kernel)
 # the in-chunk pairs add to what the segment kernel wrote: timed on copies restored after every timed call, as above
 _pairs_tuned = triton.autotune(
@@ -134,16 +143,18 @@ def interpreter_autotune():
 
 @contextlib.contextmanager
 def force_config(fwd: int | None = None, bwd: int | None = None, state: int | None = None, seg: int | None = None,
-                 split: bool | None = None, pairs: int | None = None):
+                 split: bool | None = None, pairs: int | None = None, ordered: bool | None = None):
     """Run the kernels with ``FWD_CONFIGS[fwd]`` / ``BWD_CONFIGS[bwd]`` / ``STATE_CONFIGS[state]`` /
     ``PAIRS_CONFIGS[pairs]`` instead of
     autotuning, with segments of ``seg`` rows (a multiple of ``SEG_MULTIPLE``), and (``split``) with the backward's
-    two directions in two launches (True) or one (False). Arguments left ``None`` keep what an enclosing
+    two directions in two launches (True) or one (False), (``ordered``) with dB, dC summed over a group's heads
+    in the segment kernel in head order (True; needs two launches) or per head (False). Arguments left ``None``
+    keep what an enclosing
     ``force_config`` set (nested calls add to each other)."""
     if seg is not None and (seg < SEG_MULTIPLE or seg % SEG_MULTIPLE):
         raise ValueError(f"seg must be a positive multiple of {SEG_MULTIPLE}, got {seg}")
     old = dict(_forced)
-    given = dict(fwd=fwd, bwd=bwd, state=state, pairs=pairs, seg=seg, split=split)
+    given = dict(fwd=fwd, bwd=bwd, state=state, pairs=pairs, seg=seg, split=split, ordered=ordered)
     _forced.update({k: v for k, v in given.items() if v is not None})
     try:
         yield
@@ -313,6 +324,21 @@ def _split_directions(p, n, share) -> bool:
     return True
 
 
+def _ordered_rows(per_head, separate, split) -> bool:
+    """Whether the backward sums dB, dC over each group's heads in the segment kernel (see _ORDERED_ROWS): with
+    ngroups < nheads, one dB / dC per direction pair (BiMamba2 mode, not Hydra's), and one direction per launch (in a
+    launch with both, a row gets terms in both passes, and one pass's turn would wait for a program that may not have
+    started)."""
+    wanted = _forced["ordered"]
+    if wanted is None:
+        wanted = _ORDERED_ROWS
+    return bool(wanted) and per_head and not separate and split
+
+
+# the fewest rows per chunk of any backward config: the ORDERED counters' layout is cut for it
+_MIN_BWD_Q = min(c.kwargs["BLOCK_Q"] for c in BWD_CONFIGS)
+
+
 def _shares(opts, separate) -> bool:
     """Both directions with the same dt, B, C and no shift (BiMamba2, not Hydra): the kernels then do the in-chunk
     pairs of both directions in one tile (triton_kernels._pair_decay), in the causal direction's code, and the
@@ -372,16 +398,20 @@ class _BiSSDFn(torch.autograd.Function):
         dy = dy.contiguous()
         separate = dt_bwd is not None
         dtb, Bb, Cb = (dt_bwd, B_bwd, C_bwd) if separate else (dt, B, C)
-        per_head = g != h
-        # the segment kernel's dB, dC: per head when ngroups < nheads (the pairs kernel sums them over each group's
-        # heads in fp32), in the dtype of the buffers that are read back and added to (bf16 for bf16 inputs, as y and
-        # dx; fp32 for fp16 ones)
-        gdt = _acc_dtype(B.dtype)
-        gshape = (b, l, h, n) if per_head else (b, l, g, n)
         share = _shares(ctx.opts, separate)
         split = _forced["split"]
+        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        # ngroups < nheads: the segment kernel's dB, dC as each group's rows in fp32, summed over its heads in head
+        # order (ordered: one direction per launch, so it takes two launches unless two are ruled out), or as per-head
+        # rows that the pairs kernel sums over each group's heads in fp32; the latter in the dtype of the buffers that
+        # are read back and added to (bf16 for bf16 inputs, as y and dx; fp32 for fp16 ones)
+        may_split = split if split is not None else _SPLIT_DIRECTIONS not in ("", "0", "false", "no")
+        ordered = _ordered_rows(g != h, separate, may_split or not (do_f and do_b))
         if split is None:
-            split = _split_directions(p, n, share)
+            split = ordered or _split_directions(p, n, share)
+        per_head = g != h and not ordered
+        gdt = cdt if ordered else _acc_dtype(B.dtype)
+        gshape = (b, l, h, n) if per_head else (b, l, g, n)
         split = split and do_f and do_b
         dx = _alloc(x.shape, _acc_dtype(x.dtype), dev)
         ddt = _alloc(dt.shape, dt.dtype, dev)
@@ -394,7 +424,6 @@ class _BiSSDFn(torch.autograd.Function):
             dBb, dCb = (None, None) if split else (_alloc(gshape, gdt, dev), _alloc(gshape, gdt, dev))
         else:
             ddtb, dBb, dCb = ddt, dB, dC
-        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
         scr = _alloc((b * h, 6, l), cdt, dev)
         has_d, has_bias = D is not None, dt_bias is not None
         bias_arg = dt_bias if has_bias else x
@@ -405,12 +434,14 @@ class _BiSSDFn(torch.autograd.Function):
             st = gst
         part_d = _alloc((b, h, nseg, p), cdt, dev)
         part = _alloc((b, h, 2), cdt, dev)
+        # ORDERED: two ticket slots, then a counter per (batch * group, dB / dC, chunk), all zero
+        cnt = torch.zeros(2 + 2 * b * g * _cdiv(l, _MIN_BWD_Q), dtype=torch.int32, device=dev) if ordered else part
         common = dict(DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
                       COMPUTE=compute_dtype(x.dtype))
 
         def args(gB, gC, gBb, gCb):
             return (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, dy,
-                    dx, gB, gC, ddt, gBb, gCb, ddtb, scr, part_d, st, gst, l, h, g, seg, lo, hi)
+                    dx, gB, gC, ddt, gBb, gCb, ddtb, scr, part_d, st, gst, cnt, l, h, g, seg, lo, hi)
 
         dots = _dot_precisions(x)
 
@@ -424,12 +455,12 @@ class _BiSSDFn(torch.autograd.Function):
         kwargs = dict(
             P=p, N=n, BLOCK_P=kernel_tile(p), BLOCK_N=kernel_tile(n), SEPARATE=separate,
             SHARE=share, HAS_D=has_d,
-            D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head,
+            D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head, ORDERED=ordered,
             DOT_ST=dots["DOT_ST"], DOT_RD=dots["DOT_RD"], DOT_LO=dots["DOT_LO"], **common,
         )
         grid = lambda meta: (b * h, nseg)  # noqa: E731
         bwd = functools.partial(_launch, _bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid)
-        pkw = {k: v for k, v in kwargs.items() if k not in ("HAS_D", "D_PER_P", "DOT_ST", "DOT_RD")}
+        pkw = {k: v for k, v in kwargs.items() if k not in ("HAS_D", "D_PER_P", "DOT_ST", "DOT_RD", "ORDERED")}
         pkw.update(DOT_MID=dots["DOT_MID"], DOT_IN=dots["DOT_IN"])
 
         def pairs(used, gB, gC, gBb, gCb, oB, oC, oBb, oCb, **flags):
