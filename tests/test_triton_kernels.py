@@ -638,10 +638,10 @@ def test_ordered_group_rows_every_bwd_config(monkeypatch, bi):
         launched.clear()
         with force_config(seg=SEG_MULTIPLE, ordered=True):
             check_case(args, kw, bi % len(FWD_CONFIGS), bi)
-        both = direction == "both"
-        want = [(True, False, False, direction != "backward", not both and direction == "backward")]
-        if both:
-            want = [(True, False, False, True, False), (True, False, True, False, True)]
+        # (ORDERED, GRAD_PER_HEAD, ACC, DO_F, DO_B) of each segment-kernel launch
+        want = {"both": [(True, False, False, True, False), (True, False, True, False, True)],
+                "forward": [(True, False, False, True, False)],
+                "backward": [(True, False, False, False, True)]}[direction]
         assert launched == want, (direction, launched)
 
 
@@ -673,8 +673,8 @@ def test_ordered_group_rows_rule(monkeypatch):
 
 def test_ordered_group_rows_buffers_and_autotuning(monkeypatch):
     """With the ordered rows no per-head (b, L, h, n) buffer is allocated, and the result equals the per-head
-    rows' to fp32 rounding (same configs). Under the autotuners (timed on the CPU) too: each timed config restores the counters
-    (cnt_ptr in restore_value), or the next config's tickets would name segments past the grid."""
+    rows' to fp32 rounding (same configs). Under the autotuners (timed on the CPU) too: each timed config restores
+    the counters (cnt_ptr in restore_value), or the next config's tickets would name segments past the grid."""
     args, kw = make_inputs(b=2, l=3 * SEG_MULTIPLE + 7, h=4, p=8, n=16, g=1, seed=8)
     per_head_shape = (2, 3 * SEG_MULTIPLE + 7, 4, 16)
     shapes = []

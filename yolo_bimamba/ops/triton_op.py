@@ -3,7 +3,8 @@
 Forward: a state kernel (segment-boundary states; skipped when the sequence is one segment) and one forward
 launch. Backward: a state kernel, one segment-kernel launch per direction (or one for both, ``split=False``) for the
 state terms, the in-chunk pairs kernel (which also sums the per-head dB, dC over each group's heads when ngroups <
-nheads, unless the segment kernel summed them in head order itself: YOLO_BIMAMBA_ORDERED_ROWS=1), the pass-C kernel, plus a few tiny reductions over the batch in torch. On CUDA the kernels are autotuned over
+nheads, unless the segment kernel summed them in head order itself: YOLO_BIMAMBA_ORDERED_ROWS=1), the pass-C kernel,
+plus a few tiny reductions over the batch in torch. On CUDA the kernels are autotuned over
 :data:`FWD_CONFIGS` / :data:`BWD_CONFIGS` / :data:`STATE_CONFIGS` / :data:`PAIRS_CONFIGS` (``YOLO_BIMAMBA_AUTOTUNE=0``:
 no autotuning, :func:`default_config`); under the Triton
 interpreter (``TRITON_INTERPRET=1``, CPU tensors) the default configs run unless one is forced with
@@ -40,6 +41,7 @@ _forced = {"fwd": None, "bwd": None, "state": None, "pairs": None, "seg": None, 
 # vs 1.200), two at the LM shape, p64 n128 (16.1 vs 21.5 ms): benchmarks/results/session10/sweep-cfg-split-*.txt.
 # "1" / "0": always / never.
 _SPLIT_DIRECTIONS = os.environ.get("YOLO_BIMAMBA_SPLIT_DIRECTIONS", "auto").strip().lower()
+_OFF = ("", "0", "false", "no")  # what the two switches above and below read as "no"
 # ngroups < nheads (BiMamba2 mode): the backward's segment kernel adds each head's dB, dC terms to the group's fp32 rows
 # in head order (ORDERED; one direction per launch) instead of writing per-head rows that the pairs kernel sums: the
 # per-head rows were the whole excess of the op's peak memory over 1.1x its I/O (benchmarks/memory_account.py). On an
@@ -47,7 +49,7 @@ _SPLIT_DIRECTIONS = os.environ.get("YOLO_BIMAMBA_SPLIT_DIRECTIONS", "auto").stri
 # p64 n64 and from 1.74 to 0.87 at the LM shape, for 15 % and 13 % more GPU time (1.078 vs 0.938 ms, 15.37 vs
 # 13.63 ms; benchmarks/results/session20/kernels-h200-s20-ordered*.md), 8 % more at the detection layers' b32 L1600 h8
 # p32 n32 (1.288 vs 1.191 ms, ordinary launches). "0" (default): per-head rows, the faster; "1": ordered group rows
-_ORDERED_ROWS = os.environ.get("YOLO_BIMAMBA_ORDERED_ROWS", "0").strip().lower() not in ("", "0", "false", "no")
+_ORDERED_ROWS = os.environ.get("YOLO_BIMAMBA_ORDERED_ROWS", "0").strip().lower() not in _OFF
 # segment-parallel kernels: aim for about this many backward programs per streaming multiprocessor. 2 was faster than
 # 4 and 8 on an H200 at every shape of benchmarks/profile_gpu.py (fewer segments: a shorter state-kernel walk and fewer
 # boundary states), e.g. b16 L1600 h8 fwd+bwd 1.89 / 2.12 / 2.04 ms GPU time (benchmarks/results/prof-*.json)
@@ -317,14 +319,14 @@ def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias, s
 
 def _split_directions(p, n, share) -> bool:
     """Whether the backward runs its two directions in two launches (see _SPLIT_DIRECTIONS)."""
-    if _SPLIT_DIRECTIONS in ("", "0", "false", "no"):
+    if _SPLIT_DIRECTIONS in _OFF:
         return False
     if _SPLIT_DIRECTIONS == "auto":
         return not (share and max(p, n) <= 64)
     return True
 
 
-def _ordered_rows(per_head, separate, split) -> bool:
+def _ordered_rows(per_head, separate, one_direction_per_launch) -> bool:
     """Whether the backward sums dB, dC over each group's heads in the segment kernel (see _ORDERED_ROWS): with
     ngroups < nheads, one dB / dC per direction pair (BiMamba2 mode, not Hydra's), and one direction per launch (in a
     launch with both, a row gets terms in both passes, and one pass's turn would wait for a program that may not have
@@ -332,7 +334,7 @@ def _ordered_rows(per_head, separate, split) -> bool:
     wanted = _forced["ordered"]
     if wanted is None:
         wanted = _ORDERED_ROWS
-    return bool(wanted) and per_head and not separate and split
+    return bool(wanted) and per_head and not separate and one_direction_per_launch
 
 
 # the fewest rows per chunk of any backward config: the ORDERED counters' layout is cut for it
@@ -405,7 +407,7 @@ class _BiSSDFn(torch.autograd.Function):
         # order (ordered: one direction per launch, so it takes two launches unless two are ruled out), or as per-head
         # rows that the pairs kernel sums over each group's heads in fp32; the latter in the dtype of the buffers that
         # are read back and added to (bf16 for bf16 inputs, as y and dx; fp32 for fp16 ones)
-        may_split = split if split is not None else _SPLIT_DIRECTIONS not in ("", "0", "false", "no")
+        may_split = split if split is not None else _SPLIT_DIRECTIONS not in _OFF
         ordered = _ordered_rows(g != h, separate, may_split or not (do_f and do_b))
         if split is None:
             split = ordered or _split_directions(p, n, share)
