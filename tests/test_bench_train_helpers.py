@@ -2,15 +2,13 @@
 which runs a model gets for --cuda-graphs, the environment switch around a run, and the alternating loop rounds."""
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 
-spec = importlib.util.spec_from_file_location("bench_train", Path(__file__).parents[1] / "benchmarks" / "bench_train.py")
-bench_train = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench_train)
+import benchmark_script  # tests/benchmark_script.py
+
+bench_train = benchmark_script.load("bench_train")
 
 
 def test_runs_of_gives_both_settings_to_bimamba_models_only():

@@ -3,16 +3,12 @@ the backward): in float64 the chunk-local, the telescoped and the segment-local 
 package's PyTorch op, for every input case of the study, so the study compares roundings of one correct quantity."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-spec = importlib.util.spec_from_file_location(
-    "chunk_local_grad_study", Path(__file__).parents[1] / "benchmarks" / "chunk_local_grad_study.py")
-study = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(study)
+import benchmark_script  # tests/benchmark_script.py
+
+study = benchmark_script.load("chunk_local_grad_study")
 
 
 @pytest.mark.parametrize("case", study.CASES)

@@ -3,17 +3,14 @@ the meta device it must record the same buffers, in the same order and with the 
 kernels (Triton interpreter, CPU), and it must single out the per-head dB, dC buffers only where there are any."""
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
-spec = importlib.util.spec_from_file_location(
-    "memory_account", Path(__file__).parents[1] / "benchmarks" / "memory_account.py")
-memory_account = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(memory_account)
+import benchmark_script  # tests/benchmark_script.py
+
+memory_account = benchmark_script.load("memory_account")
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU check under the interpreter")
 

@@ -5,7 +5,6 @@ and both variants of the kernel compile to an sm_90 cubin whose ordered variant 
 atomics. The interpreter runs programs one after another: only a GPU run contends the waits (the script's main)."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -14,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import benchmark_script  # tests/benchmark_script.py
+
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "benchmarks" / "ordered_head_sum_study.py"
-spec = importlib.util.spec_from_file_location("ordered_head_sum_study", STUDY)
-study = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(study)
+study = benchmark_script.load("ordered_head_sum_study", STUDY)
 
 SEG, Q = 32, 16  # segments of two chunks; L = 150: the last segment 22 rows, its last chunk 6
 
