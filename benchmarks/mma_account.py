@@ -68,8 +68,9 @@ class DotCounter:
             name = f.f_code.co_name
             if prec is None and name == "_dot" and "PREC" in f.f_locals:
                 prec = str(_value(f.f_locals["PREC"]))
-            if name.startswith("_bi_ssd_") and name.endswith("_kernel"):
+            if name.startswith("_bi_ssd_") and name.endswith("_kernel"):  # the kernel (its helpers run inside it)
                 kernel = name
+                break
             f = f.f_back
         if prec is None:  # a plain tl.dot (the forward's): its input precision, tf32 by default for fp32 values
             text = str(input_precision).lower()

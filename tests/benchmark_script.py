@@ -7,9 +7,9 @@ from pathlib import Path
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def load(name: str, path: Path | None = None):
-    """The module of ``benchmarks/<name>.py`` (or of ``path``), executed once per call."""
-    spec = importlib.util.spec_from_file_location(name, path or BENCHMARKS / f"{name}.py")
+def load(name: str):
+    """The module of ``benchmarks/<name>.py``, executed once per call."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

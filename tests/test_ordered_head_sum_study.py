@@ -17,7 +17,7 @@ import benchmark_script  # tests/benchmark_script.py
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "benchmarks" / "ordered_head_sum_study.py"
-study = benchmark_script.load("ordered_head_sum_study", STUDY)
+study = benchmark_script.load("ordered_head_sum_study")
 
 SEG, Q = 32, 16  # segments of two chunks; L = 150: the last segment 22 rows, its last chunk 6
 
