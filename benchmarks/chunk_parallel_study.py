@@ -1,0 +1,231 @@
+"""Design study: the forward of the bidirectional SSD with every chunk in parallel, against the op's segment walk.
+
+The op's kernels walk the chunks of a segment one after another with the state on chip (2 programs of 4 warps per
+SM, latency-bound: benchmarks/results/README.md). Mamba2's own kernels cut the same work the other way: every chunk's
+state contribution in parallel, a short sequential pass over the chunk states (element-wise, no dots), then every
+chunk's outputs in parallel. This script builds that structure for the forward (BiMamba2 mode: the same dt, B, C in
+both directions, no shift; D per head, dt_bias, softplus), from the op's own jit helpers, in three launches:
+
+  _cp_state_kernel   program (batch * head, chunk): the chunk's own state terms, (w B)^T x for each direction, and
+                     the chunk's total log-decay;
+  _cp_pass_kernel    program (batch * head * direction, block of the state): walks the chunks and replaces each
+                     chunk's own terms by the state entering it (from the left for the causal direction, from the
+                     right for the anti-causal one): S <- exp(last) S + own;
+  _cp_out_kernel     program (batch * head, chunk): y = the entering states read out by C, the in-chunk pairs of both
+                     directions in one tile (triton_kernels._pair_decay) and D x.
+
+The per-chunk states (batch * head, directions, chunks, d_state, headdim) in fp32 are the intermediate the op avoids.
+The study measures what the structure would buy before the op's kernels are rebuilt on it:
+
+    python benchmarks/chunk_parallel_study.py [--shapes b16_L1600_h8,lm_b8_L8192_h32] [--out FILE.json]   # GPU
+
+times the forward of both directions and of one (CUDA-graph replay, median) and its peak memory, for this structure
+(chunks of 64 and 128 rows) and for the op (``bi_ssd(..., backend="triton")``, forward under no_grad), side by side in
+one run; ``--kernels`` adds each kernel's CUDA time.
+tests/test_chunk_parallel_study.py checks the study's kernels against the PyTorch op under the interpreter.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_kernels import SHAPES, _enter_package_without_glue, peak_memory, time_graph  # noqa: E402
+
+_enter_package_without_glue()
+from yolo_bimamba.ops import bi_ssd  # noqa: E402
+from yolo_bimamba.ops.triton_kernels import (  # noqa: E402
+    _chunk_decay, _head_coords, _head_params, _pair_decay,
+)
+from yolo_bimamba.ops.validate import kernel_tile  # noqa: E402
+
+BLOCK_Q = 64
+
+
+@triton.jit
+def _cp_state_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, bias_ptr, st_ptr, dec_ptr, L, H, G, NCH,
+                     P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                     DIRS: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, BLOCK_Q: tl.constexpr):
+    pid_bh = tl.program_id(0)
+    c = tl.program_id(1)
+    hidx, gidx, b64 = _head_coords(pid_bh, H, G)
+    _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, tl.float32)
+    offs_q = tl.arange(0, BLOCK_Q)
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    rows = c * BLOCK_Q + offs_q
+    mrow = rows < L
+    dtv, a, cs, last, tail = _chunk_decay(dt_ptr + b64 * L * H + hidx, bias, A_h, rows, mrow, offs_q, H, 0.0,
+                                          float("inf"), SOFTPLUS, tl.float32, BLOCK_Q)
+    xv = tl.load(x_ptr + b64 * L * H * P + hidx * P + rows[:, None] * (H * P) + offs_p[None, :],
+                 mask=mrow[:, None] & (offs_p < P)[None, :], other=0.0).to(tl.float32)
+    Bv = tl.load(B_ptr + b64 * L * G * N + gidx * N + rows[:, None] * (G * N) + offs_n[None, :],
+                 mask=mrow[:, None] & (offs_n < N)[None, :], other=0.0).to(tl.float32)
+    tile = offs_n[:, None] * P + offs_p[None, :]
+    m_st = (offs_n < N)[:, None] & (offs_p < P)[None, :]
+    base = (pid_bh.to(tl.int64) * DIRS * NCH + c) * (N * P)
+    # causal: from row s to the chunk's end (steps s+1..); anti-causal: from the chunk's start to s (steps ..s-1)
+    own_f = tl.dot(tl.trans(Bv * (tl.exp(tail - a) * dtv)[:, None]), xv)
+    tl.store(st_ptr + base + tile, own_f, mask=m_st)
+    if DIRS == 2:
+        own_b = tl.dot(tl.trans(Bv * (tl.exp(cs - a) * dtv)[:, None]), xv)
+        tl.store(st_ptr + base + NCH * (N * P) + tile, own_b, mask=m_st)
+    tl.store(dec_ptr + pid_bh.to(tl.int64) * NCH + c, last)
+
+
+@triton.jit
+def _cp_pass_kernel(st_ptr, dec_ptr, NCH, NP: tl.constexpr, DIRS: tl.constexpr, BLOCK_E: tl.constexpr):
+    pid = tl.program_id(0)
+    blk = tl.program_id(1)
+    bh = pid // DIRS
+    d = pid % DIRS
+    offs = blk * BLOCK_E + tl.arange(0, BLOCK_E)
+    m = offs < NP
+    base = st_ptr + (bh.to(tl.int64) * DIRS + d) * NCH * NP + offs
+    S = tl.zeros((BLOCK_E,), dtype=tl.float32)
+    for i in range(0, NCH):
+        c = tl.where(d == 0, i, NCH - 1 - i)
+        own = tl.load(base + c * NP, mask=m, other=0.0)
+        tl.store(base + c * NP, S, mask=m)
+        S = tl.exp(tl.load(dec_ptr + bh.to(tl.int64) * NCH + c)) * S + own
+
+
+@triton.jit
+def _cp_out_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, st_ptr, y_ptr, L, H, G, NCH,
+                   P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                   DIRS: tl.constexpr, HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                   BLOCK_Q: tl.constexpr):
+    pid_bh = tl.program_id(0)
+    c = tl.program_id(1)
+    hidx, gidx, b64 = _head_coords(pid_bh, H, G)
+    _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, tl.float32)
+    offs_q = tl.arange(0, BLOCK_Q)
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    rows = c * BLOCK_Q + offs_q
+    mrow = rows < L
+    m_xp = mrow[:, None] & (offs_p < P)[None, :]
+    m_bn = mrow[:, None] & (offs_n < N)[None, :]
+    dtv, a, cs, _last, tail = _chunk_decay(dt_ptr + b64 * L * H + hidx, bias, A_h, rows, mrow, offs_q, H, 0.0,
+                                           float("inf"), SOFTPLUS, tl.float32, BLOCK_Q)
+    xy = b64 * L * H * P + hidx * P + rows[:, None] * (H * P) + offs_p[None, :]
+    bn = b64 * L * G * N + gidx * N + rows[:, None] * (G * N) + offs_n[None, :]
+    xv = tl.load(x_ptr + xy, mask=m_xp, other=0.0).to(tl.float32)
+    Bv = tl.load(B_ptr + bn, mask=m_bn, other=0.0).to(tl.float32)
+    Cv = tl.load(C_ptr + bn, mask=m_bn, other=0.0).to(tl.float32)
+    tile = offs_n[:, None] * P + offs_p[None, :]
+    m_st = (offs_n < N)[:, None] & (offs_p < P)[None, :]
+    base = (pid_bh.to(tl.int64) * DIRS * NCH + c) * (N * P)
+    S_f = tl.load(st_ptr + base + tile, mask=m_st, other=0.0)
+    yv = tl.exp(cs)[:, None] * tl.dot(Cv, S_f)
+    tt = offs_q[:, None]
+    ss = offs_q[None, :]
+    if DIRS == 2:
+        S_b = tl.load(st_ptr + base + NCH * (N * P) + tile, mask=m_st, other=0.0)
+        yv += tl.exp(tail)[:, None] * tl.dot(Cv, S_b)
+        decay = _pair_decay(cs, a, tt, ss)
+    else:
+        decay = tl.exp(tl.where(tt >= ss, cs[:, None] - cs[None, :], float("-inf")))
+    yv += tl.dot(tl.dot(Cv, tl.trans(Bv)) * decay * dtv[None, :], xv)
+    if HAS_D:
+        yv += tl.load(D_ptr + hidx).to(tl.float32) * xv
+    tl.store(y_ptr + xy, yv.to(y_ptr.dtype.element_ty), mask=m_xp)
+
+
+def chunk_parallel_forward(x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, direction="both",
+                           block_q=BLOCK_Q, block_e=1024, num_warps=None):
+    """y of ``bi_ssd(x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, direction=direction)`` for
+    direction "both" or "forward" (BiMamba2 mode), computed chunk-parallel in three launches."""
+    if direction not in ("both", "forward"):
+        raise ValueError(f"direction must be 'both' or 'forward', got {direction!r}")
+    b, L, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    dirs = 2 if direction == "both" else 1
+    num_warps = num_warps or (4 if block_q <= 64 else 8)
+    nch = -(-L // block_q)
+    st = torch.empty((b * h, dirs, nch, n, p), dtype=torch.float32, device=x.device)
+    dec = torch.empty((b * h, nch), dtype=torch.float32, device=x.device)
+    y = torch.empty_like(x)
+    bias = dt_bias if dt_bias is not None else A
+    tiles = dict(P=p, N=n, BLOCK_P=kernel_tile(p), BLOCK_N=kernel_tile(n), DIRS=dirs, HAS_BIAS=dt_bias is not None,
+                 SOFTPLUS=bool(dt_softplus), BLOCK_Q=block_q, num_warps=num_warps)
+    _cp_state_kernel[(b * h, nch)](x, dt, A, B, bias, st, dec, L, h, g, nch, **tiles)
+    _cp_pass_kernel[(b * h * dirs, -(-(n * p) // block_e))](st, dec, nch, NP=n * p, DIRS=dirs, BLOCK_E=block_e,
+                                                              num_warps=4)
+    _cp_out_kernel[(b * h, nch)](x, dt, A, B, C, D if D is not None else A, bias, st, y, L, h, g, nch,
+                                 HAS_D=D is not None, **tiles)
+    return y
+
+
+def _inputs(s, dtype, device, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape, scale=1.0, shift=0.0):
+        return (torch.randn(*shape, generator=gen) * scale + shift).to(device)
+
+    b, L, h, p, g, n = s["b"], s["l"], s["h"], s["p"], s["g"], s["n"]
+    return dict(x=rnd(b, L, h, p).to(dtype), dt=rnd(b, L, h, scale=0.5, shift=-2.0).to(dtype),
+                A=-torch.rand(h, generator=gen).to(device) * 4 - 0.5, B=rnd(b, L, g, n).to(dtype),
+                C=rnd(b, L, g, n).to(dtype), D=rnd(h), dt_bias=rnd(h, scale=0.1))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="b16_L1600_h8,b16_L400_h8,b16_L6400_h8,lm_b8_L8192_h32")
+    ap.add_argument("--budget", type=float, default=0.3, help="seconds of timing per measurement")
+    ap.add_argument("--block-q", default="64,128", help="chunk sizes of the chunk-parallel kernels, comma separated")
+    ap.add_argument("--kernels", action="store_true", help="also each kernel's CUDA time (torch.profiler)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    if a.kernels:
+        from profile_gpu import _kernel_times
+    block_qs = [int(v) for v in a.block_q.split(",")]
+    dev = "cuda"
+    rows = []
+    for name in a.shapes.split(","):
+        inp = _inputs(SHAPES[name], torch.bfloat16, dev)
+        kw = dict(D=inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True)
+        args = [inp[k] for k in ("x", "dt", "A", "B", "C")]
+        for direction in ("both", "forward"):
+            def ours(q):
+                with torch.no_grad():
+                    return chunk_parallel_forward(*args, direction=direction, block_q=q, **kw)
+
+            def op():
+                with torch.no_grad():
+                    return bi_ssd(*args, direction=direction, backend="triton", **kw)
+
+            rec = dict(shape=name, direction=direction)
+            runs = [("op", op)] + [(f"chunk_parallel_q{q}", functools.partial(ours, q)) for q in block_qs]
+            want = op().float()
+            for label, fn in runs:
+                try:
+                    got = fn().float()
+                    rec[f"{label}_rel_err_vs_op"] = ((got - want).norm() / want.norm()).item()
+                    rec[f"{label}_ms"] = round(time_graph(fn, a.budget), 4)
+                    rec[f"{label}_peak_mb"] = round(peak_memory(fn, dev)[0] / 2**20, 1)
+                    if a.kernels:  # CUDA time of each kernel (torch.profiler, median of 5 calls)
+                        rec[f"{label}_kernels_ms"] = _kernel_times(fn)[0]
+                except Exception as exc:  # noqa: BLE001 - a config that does not compile or fit is a result too
+                    rec[f"{label}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            rows.append(rec)
+            print(json.dumps(rec), flush=True)
+        del inp, args
+        torch.cuda.empty_cache()
+    out = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               rows=rows)
+    if a.out:
+        Path(a.out).write_text(json.dumps(out, indent=1))
+        print("wrote", a.out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
