@@ -13,7 +13,8 @@ study = load("chunk_parallel_study")
 @pytest.mark.parametrize("b,L,h,p,g,n,block_q", [
     (2, 150, 4, 16, 2, 32, 64),  # L not a multiple of the chunk, 2 groups of 2 heads
     (1, 7, 2, 32, 1, 16, 64),  # L below one chunk
-    (1, 129, 2, 16, 1, 16, 128),  # one row past a chunk of 128
+    (1, 129, 2, 16, 1, 16, 128),  # one row past a chunk of 128, two sub-blocks
+    (1, 300, 2, 16, 1, 16, 256),  # chunks of 256 (Mamba2's), four sub-blocks, the second chunk partial
 ])
 def test_chunk_parallel_forward_equals_the_op(direction, b, L, h, p, g, n, block_q):
     inp = study._inputs(dict(b=b, l=L, h=h, p=p, g=g, n=n), torch.float32, "cpu")
