@@ -58,7 +58,8 @@ BLOCK_Q = 64
 def _cp_block(dt_ptr, x_ptr, B_ptr, C_ptr, bias, A_h, c, k, L, H, G, hidx, gidx, b64,
               P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
               SOFTPLUS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Sub-block k (BLOCK_K rows) of chunk c: processed dt, log-decays, their cumsum inside the sub-block, and x, B, C."""
+    """Sub-block k (BLOCK_K rows) of chunk c: processed dt, log-decays, their cumsum inside the sub-block, x, B and
+    C."""
     offs = tl.arange(0, BLOCK_K)
     rows = c * BLOCK_Q + k * BLOCK_K + offs
     mrow = rows < L
@@ -212,8 +213,8 @@ def chunk_parallel_forward(x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=Fal
     _cp_state_kernel[(b * h, nch)](x, dt, A, B, bias, st, dec, L, h, g, nch, **tiles)
     _cp_pass_kernel[(b * h * dirs, -(-(n * p) // block_e))](st, dec, nch, NP=n * p, DIRS=dirs, BLOCK_E=block_e,
                                                               num_warps=4)
-    _cp_out_kernel[(b * h, nch, block_q // tiles["BLOCK_K"])](x, dt, A, B, C, D if D is not None else A, bias, st, y, L, h, g, nch,
-                                 HAS_D=D is not None, **tiles)
+    _cp_out_kernel[(b * h, nch, block_q // tiles["BLOCK_K"])](x, dt, A, B, C, D if D is not None else A, bias, st, y,
+                                                              L, h, g, nch, HAS_D=D is not None, **tiles)
     return y
 
 
@@ -233,7 +234,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="b16_L1600_h8,b16_L400_h8,b16_L6400_h8,lm_b8_L8192_h32")
     ap.add_argument("--budget", type=float, default=0.3, help="seconds of timing per measurement")
-    ap.add_argument("--block-q", default="64,128,256", help="chunk sizes of the chunk-parallel kernels, comma separated")
+    ap.add_argument("--block-q", default="64,128,256",
+                    help="chunk sizes of the chunk-parallel kernels, comma separated")
     ap.add_argument("--kernels", action="store_true", help="also each kernel's CUDA time (torch.profiler)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
