@@ -199,6 +199,9 @@ def chunk_parallel_forward(x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=Fal
     direction "both" or "forward" (BiMamba2 mode), computed chunk-parallel in three launches."""
     if direction not in ("both", "forward"):
         raise ValueError(f"direction must be 'both' or 'forward', got {direction!r}")
+    for name, v in (("block_q", block_q), ("block_k", block_k)):
+        if v < 16 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two >= 16 (a tile of tl.dot), got {v}")
     b, L, h, p = x.shape
     g, n = B.shape[2], B.shape[3]
     dirs = 2 if direction == "both" else 1

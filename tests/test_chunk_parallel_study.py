@@ -28,7 +28,10 @@ def test_chunk_parallel_forward_equals_the_op(direction, b, L, h, p, g, n, block
         assert (got.double() - want).norm() / want.norm() < 1e-5
 
 
-def test_chunk_parallel_forward_takes_only_the_bimamba2_directions():
+def test_chunk_parallel_forward_rejects_what_it_does_not_compute():
     inp = study._inputs(dict(b=1, l=8, h=2, p=16, g=1, n=16), torch.float32, "cpu")
+    args = [inp[k] for k in ("x", "dt", "A", "B", "C")]
     with pytest.raises(ValueError, match="direction"):
-        study.chunk_parallel_forward(*[inp[k] for k in ("x", "dt", "A", "B", "C")], direction="backward")
+        study.chunk_parallel_forward(*args, direction="backward")
+    with pytest.raises(ValueError, match="block_q"):
+        study.chunk_parallel_forward(*args, block_q=96)
