@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_kernels import SHAPES, _enter_package_without_glue, peak_memory, time_graph  # noqa: E402
+from bench_kernels import SHAPES, _enter_package_without_glue, make_inputs, peak_memory, time_graph  # noqa: E402
 
 _enter_package_without_glue()
 from yolo_bimamba.ops import bi_ssd  # noqa: E402
@@ -55,11 +55,11 @@ BLOCK_Q = 64
 
 
 @triton.jit
-def _cp_block(dt_ptr, x_ptr, B_ptr, C_ptr, bias, A_h, c, k, L, H, G, hidx, gidx, b64,
+def _cp_block(dt_ptr, x_ptr, B_ptr, bias, A_h, c, k, L, H, G, hidx, gidx, b64,
               P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
               SOFTPLUS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Sub-block k (BLOCK_K rows) of chunk c: processed dt, log-decays, their cumsum inside the sub-block, x, B and
-    C."""
+    """Sub-block k (BLOCK_K rows) of chunk c: processed dt, log-decays, their cumsum inside the sub-block, x and B,
+    and the offsets and masks of its (row, headdim) and (row, d_state) tiles."""
     offs = tl.arange(0, BLOCK_K)
     rows = c * BLOCK_Q + k * BLOCK_K + offs
     mrow = rows < L
@@ -73,8 +73,7 @@ def _cp_block(dt_ptr, x_ptr, B_ptr, C_ptr, bias, A_h, c, k, L, H, G, hidx, gidx,
     m_bn = mrow[:, None] & (offs_n < N)[None, :]
     xv = tl.load(x_ptr + xy, mask=m_xp, other=0.0).to(tl.float32)
     Bv = tl.load(B_ptr + bn, mask=m_bn, other=0.0).to(tl.float32)
-    Cv = tl.load(C_ptr + bn, mask=m_bn, other=0.0).to(tl.float32)
-    return dtv, a, cs, xv, Bv, Cv, xy, m_xp
+    return dtv, a, cs, xv, Bv, xy, m_xp, bn, m_bn
 
 
 @triton.jit
@@ -108,8 +107,9 @@ def _cp_state_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, bias_ptr, st_ptr, dec_ptr, L, 
     own_b = tl.zeros((BLOCK_N, BLOCK_P), dtype=tl.float32)
     offset = 0.0
     for k in range(0, BLOCK_Q // BLOCK_K):
-        dtv, a, cs, xv, Bv, _Cv, _xy, _m = _cp_block(dt_ptr, x_ptr, B_ptr, B_ptr, bias, A_h, c, k, L, H, G, hidx,
-                                                     gidx, b64, P, N, BLOCK_P, BLOCK_N, SOFTPLUS, BLOCK_Q, BLOCK_K)
+        dtv, a, cs, xv, Bv, _xy, _mxp, _bn, _mbn = _cp_block(dt_ptr, x_ptr, B_ptr, bias, A_h, c, k, L, H, G, hidx,
+                                                             gidx, b64, P, N, BLOCK_P, BLOCK_N, SOFTPLUS, BLOCK_Q,
+                                                             BLOCK_K)
         cs = cs + offset
         # causal: from row s to the chunk's end (steps s+1..); anti-causal: from the chunk's start to s (steps ..s-1)
         own_f += tl.dot(tl.trans(Bv * (tl.exp(total - cs) * dtv)[:, None]), xv)
@@ -156,8 +156,9 @@ def _cp_out_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, st_ptr, 
     hidx, gidx, b64 = _head_coords(pid_bh, H, G)
     _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, tl.float32)
     before, total = _cp_chunk_sums(dt_ptr, bias, A_h, c, m, L, H, hidx, b64, SOFTPLUS, BLOCK_Q, BLOCK_K)
-    dtv, a, cs, xv, _Bv, Cv, xy, m_xp = _cp_block(dt_ptr, x_ptr, B_ptr, C_ptr, bias, A_h, c, m, L, H, G, hidx, gidx,
-                                                 b64, P, N, BLOCK_P, BLOCK_N, SOFTPLUS, BLOCK_Q, BLOCK_K)
+    dtv, a, cs, xv, _Bv, xy, m_xp, bn, m_bn = _cp_block(dt_ptr, x_ptr, B_ptr, bias, A_h, c, m, L, H, G, hidx, gidx,
+                                                        b64, P, N, BLOCK_P, BLOCK_N, SOFTPLUS, BLOCK_Q, BLOCK_K)
+    Cv = tl.load(C_ptr + bn, mask=m_bn, other=0.0).to(tl.float32)
     cs_t = cs + before
     csx_t = cs_t - a
     offs_p = tl.arange(0, BLOCK_P)
@@ -178,9 +179,9 @@ def _cp_out_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, st_ptr, 
     tt = m * BLOCK_K + tl.arange(0, BLOCK_K)[:, None]
     offset = 0.0
     for k in range(0, k_end):  # the in-chunk pairs, one source sub-block at a time
-        dts, a_s, cs_s, xs, Bs, _Cs, _xys, _ms = _cp_block(dt_ptr, x_ptr, B_ptr, B_ptr, bias, A_h, c, k, L, H, G,
-                                                           hidx, gidx, b64, P, N, BLOCK_P, BLOCK_N, SOFTPLUS,
-                                                           BLOCK_Q, BLOCK_K)
+        dts, a_s, cs_s, xs, Bs, _xys, _mxp, _bn, _mbn = _cp_block(dt_ptr, x_ptr, B_ptr, bias, A_h, c, k, L, H, G,
+                                                                  hidx, gidx, b64, P, N, BLOCK_P, BLOCK_N, SOFTPLUS,
+                                                                  BLOCK_Q, BLOCK_K)
         cs_s = cs_s + offset
         ss = k * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]
         if DIRS == 2:  # both directions in one tile, 2 on the diagonal (as triton_kernels._pair_decay)
@@ -221,16 +222,9 @@ def chunk_parallel_forward(x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=Fal
     return y
 
 
-def _inputs(s, dtype, device, seed=0):
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-
-    def rnd(*shape, scale=1.0, shift=0.0):
-        return (torch.randn(*shape, generator=gen) * scale + shift).to(device)
-
-    b, L, h, p, g, n = s["b"], s["l"], s["h"], s["p"], s["g"], s["n"]
-    return dict(x=rnd(b, L, h, p).to(dtype), dt=rnd(b, L, h, scale=0.5, shift=-2.0).to(dtype),
-                A=-torch.rand(h, generator=gen).to(device) * 4 - 0.5, B=rnd(b, L, g, n).to(dtype),
-                C=rnd(b, L, g, n).to(dtype), D=rnd(h), dt_bias=rnd(h, scale=0.1))
+def inputs(shape, dtype, device):
+    """The kernel benchmark's inputs (bench_kernels.make_inputs, BiMamba2 mode), detached: only forwards run here."""
+    return {k: t.detach() for k, t in make_inputs(shape, dtype, device, hydra=False).items()}
 
 
 def main(argv=None):
@@ -248,7 +242,7 @@ def main(argv=None):
     dev = "cuda"
     rows = []
     for name in a.shapes.split(","):
-        inp = _inputs(SHAPES[name], torch.bfloat16, dev)
+        inp = inputs(SHAPES[name], torch.bfloat16, dev)
         kw = dict(D=inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True)
         args = [inp[k] for k in ("x", "dt", "A", "B", "C")]
         for direction in ("both", "forward"):

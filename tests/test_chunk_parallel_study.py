@@ -17,7 +17,7 @@ study = load("chunk_parallel_study")
     (1, 300, 2, 16, 1, 16, 256),  # chunks of 256 (Mamba2's), four sub-blocks, the second chunk partial
 ])
 def test_chunk_parallel_forward_equals_the_op(direction, b, L, h, p, g, n, block_q):
-    inp = study._inputs(dict(b=b, l=L, h=h, p=p, g=g, n=n), torch.float32, "cpu")
+    inp = study.inputs(dict(b=b, l=L, h=h, p=p, g=g, n=n), torch.float32, "cpu")
     args = [inp[k] for k in ("x", "dt", "A", "B", "C")]
     for D in (None, inp["D"]):
         got = study.chunk_parallel_forward(*args, direction=direction, D=D, dt_bias=inp["dt_bias"], dt_softplus=True,
@@ -29,7 +29,7 @@ def test_chunk_parallel_forward_equals_the_op(direction, b, L, h, p, g, n, block
 
 
 def test_chunk_parallel_forward_rejects_what_it_does_not_compute():
-    inp = study._inputs(dict(b=1, l=8, h=2, p=16, g=1, n=16), torch.float32, "cpu")
+    inp = study.inputs(dict(b=1, l=8, h=2, p=16, g=1, n=16), torch.float32, "cpu")
     args = [inp[k] for k in ("x", "dt", "A", "B", "C")]
     with pytest.raises(ValueError, match="direction"):
         study.chunk_parallel_forward(*args, direction="backward")
