@@ -964,11 +964,13 @@ def _bi_ssd_bwd_kernel(
 
 
 @triton.jit
-def _chunk_pairs(xv, dtv, a, cs, Bv, Cv, CB, cb_diag, dz, tt, ss, MODE: tl.constexpr, DOT_MID: tl.constexpr,
-                 DOT_IN: tl.constexpr, DOT_LO: tl.constexpr):
+def _chunk_pairs(xv, dtv, a, cs, CB, cb_diag, dz, tt, ss, MODE: tl.constexpr, DOT_MID: tl.constexpr,
+                 DOT_IN: tl.constexpr):
     """Gradients through the pairs (t, s) inside one chunk of one direction: MODE 0 causal (s <= t), 1 anti-causal
-    (s >= t), 2 both in one tile (SHARE, _pair_decay). Returns the dx term, dB, dC, the direct ddt term and the
-    per-position log-decay gradient of those pairs (da_j: a local telescoping of one pair tile's row and column sums).
+    (s >= t), 2 both in one tile (SHARE, _pair_decay). Returns the dx term, the pair tile Mdt[t, s] = (dz_t . x_s)
+    decay(t, s) dt_s whose products give dB = Mdt^T C and dC = Mdt B (the caller sums the tiles of a group's heads
+    and multiplies once: B and C are the group's), the direct ddt term and the per-position log-decay gradient of
+    those pairs (da_j: a local telescoping of one pair tile's row and column sums).
     The diagonal (s == t) term does not depend on the decays and is kept out of da (where it would cancel only up to
     rounding). CB = C B^T (DOT_IN) and cb_diag = its diagonal (sum(C * B, 1)) come from the caller: they are the same
     for every head of a group."""
@@ -988,10 +990,8 @@ def _chunk_pairs(xv, dtv, a, cs, Bv, Cv, CB, cb_diag, dz, tt, ss, MODE: tl.const
     diag = cb_diag * ndiag
     u = _dot(tl.trans(tl.where(offd, CB * dec, 0.0)), dz, DOT_MID) + diag[:, None] * dz
     # (dz_t . x_s) decay(t, s): two loaded inputs (DOT_IN); it also gives the pair terms of da below
-    M = _dot(dz, tl.trans(xv), DOT_IN) * dec
-    dBv = dtv[:, None] * _dot(tl.trans(M), Cv, DOT_LO)
-    dCv = _dot(M * dtv[None, :], Bv, DOT_LO)
-    Pm = tl.where(offd, M * CB, 0.0) * dtv[None, :]
+    Mdt = _dot(dz, tl.trans(xv), DOT_IN) * dec * dtv[None, :]
+    Pm = tl.where(offd, Mdt * CB, 0.0)
     # a causal pair P[t, s] (t > s) spans the steps s+1..t: da[j] = sum_{t >= j > s} P[t, s], the reverse cumsum of
     # (row sums - column sums); an anti-causal one (s > t) the steps t..s-1: the forward cumsum. With SHARE both
     # directions have the same dt, so pass C uses only the sum of their da, which may sit in one slot.
@@ -1003,7 +1003,7 @@ def _chunk_pairs(xv, dtv, a, cs, Bv, Cv, CB, cb_diag, dz, tt, ss, MODE: tl.const
         Pb = tl.where(ss > tt, Pm, 0.0)
         Pf = Pm - Pb
         dad = tl.cumsum(tl.sum(Pf, 1) - tl.sum(Pf, 0), 0, reverse=True) + tl.cumsum(tl.sum(Pb, 1) - tl.sum(Pb, 0), 0)
-    return dtv[:, None] * u, dBv, dCv, tl.sum(u * xv, 1), dad
+    return dtv[:, None] * u, Mdt, tl.sum(u * xv, 1), dad
 
 
 @triton.jit
@@ -1019,8 +1019,9 @@ def _bi_ssd_bwd_pairs_kernel(
     """The backward's in-chunk pairs, one program per (batch * group, chunk): no state, so every chunk runs in
     parallel. It walks the group's heads in order; for each it adds to dx and the scratch's ddt slots what
     _bi_ssd_bwd_kernel (same BLOCK_Q: the same chunks) wrote, writes the in-chunk log-decay gradients (slot 5; slot 2
-    added to), and adds the head's dB, dC (the segment kernel's, dB_ptr / dC_ptr, plus its in-chunk terms) to the
-    group's sums, which it stores into oB, oC (oBb, oCb) in their dtype: the per-head buffers (GRAD_PER_HEAD) are
+    added to), and adds the head's dB, dC rows of the segment kernel (dB_ptr / dC_ptr) to the group's sums; after the
+    heads it adds the in-chunk terms of them all (one product with the group's B and C of the heads' summed pair
+    tiles) and stores the sums into oB, oC (oBb, oCb) in their dtype: the per-head buffers (GRAD_PER_HEAD) are
     summed over each group's heads here, in head order, without a kernel of their own; rows of the group (ngroups ==
     nheads, or the segment kernel's ORDERED sums) are added once, with the group's first head. With ngroups == nheads
     a group is one head, and the partial and the output may be one tensor (each row is read before it is written)."""
@@ -1038,78 +1039,92 @@ def _bi_ssd_bwd_pairs_kernel(
     rows, mrow, m_xp, m_bn, _xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, G * N,
                                                           BLOCK_Q)
     o_off = bco + bn_off  # the group's rows of the outputs
-    sumB = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
-    sumC = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
-    sumBb = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
-    sumCb = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
-    # B, C and C B^T of the group's chunk: the same for each of its heads
+    # the group's dB, dC from its heads' in-chunk pairs: Mdt^T C and Mdt B with the group's B and C, so the heads' pair
+    # tiles Mdt are summed (msum; msum_b: the anti-causal direction's own B_bwd, C_bwd) and multiplied once, after the
+    # heads (_store_group_sums), where the segment kernel's rows are added too
+    msum = tl.zeros((BLOCK_Q, BLOCK_Q), dtype=COMPUTE)
+    msum_b = tl.zeros((BLOCK_Q, BLOCK_Q), dtype=COMPUTE)
+    # C B^T of the group's chunk and its diagonal: the same for each of its heads (B and C are loaded again after the
+    # heads, not kept in registers through them)
     if DO_F:
-        Bf = tl.load(B_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-        Cf = tl.load(C_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-        CBf = _dot(Cf, tl.trans(Bf), DOT_IN)
-        cbf = tl.sum(Cf * Bf, 1)
+        CBf, cbf = _cb_tiles(B_ptr + bco + bn_off, C_ptr + bco + bn_off, m_bn, COMPUTE, DOT_IN)
     if DO_B and not SHARE:
-        Bbv = tl.load(Bb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-        Cbv = tl.load(Cb_ptr + bco + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-        CBb = _dot(Cbv, tl.trans(Bbv), DOT_IN)
-        cbb = tl.sum(Cbv * Bbv, 1)
+        CBb, cbb = _cb_tiles(Bb_ptr + bco + bn_off, Cb_ptr + bco + bn_off, m_bn, COMPUTE, DOT_IN)
     for j in range(0, R):
         hidx = gidx * R + j
         xo = b64 * L * H * P + hidx * P
         xy_off = xo + rows[:, None] * xstride + offs_p[None, :]
         dto = b64 * L * H + hidx
-        if GRAD_PER_HEAD:
-            g_off = b64 * L * H * N + hidx * N + rows[:, None] * (H * N) + offs_n[None, :]
-            m_g = m_bn
-        else:  # the group's rows (one head, or the segment kernel's ORDERED sums): added once, with the first head
-            g_off = o_off
-            m_g = m_bn & (j == 0)
         so = (b64 * H + hidx) * 6 * L
         _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
         xv = tl.load(x_ptr + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
         dxv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)
-        dBv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
-        dCv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
         if DO_F:
             dtf, af, csf, _lf, _tf = _decay_of_raw(_dt_rows(dt_ptr + dto, rows, L, H).to(COMPUTE), bias, A_h, mrow,
                                                    offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
             dzf = _dz_tile(dy_ptr + xo, rows, mrow, offs_p, mask_p, L, xstride, 1 if SHIFT else 0, COMPUTE)
-            dxv, dBv, dCv, ddt_f, da_f = _chunk_pairs(xv, dtf, af, csf, Bf, Cf, CBf, cbf, dzf, tt, ss,
-                                                      2 if SHARE else 0, DOT_MID, DOT_IN, DOT_LO)
+            dxv, mf, ddt_f, da_f = _chunk_pairs(xv, dtf, af, csf, CBf, cbf, dzf, tt, ss, 2 if SHARE else 0, DOT_MID,
+                                                DOT_IN)
+            msum += mf
             _add_rows(scr_ptr + so + L + rows, ddt_f, mrow)
             tl.store(scr_ptr + so + 5 * L + rows, da_f, mask=mrow)
         if DO_B and not SHARE:  # (with SHARE the causal direction's tile held both)
             dtb, ab, csb, _lb, _tb = _decay_of_raw(_dt_rows(dtb_ptr + dto, rows, L, H).to(COMPUTE), bias, A_h, mrow,
                                                    offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
             dzb = _dz_tile(dy_ptr + xo, rows, mrow, offs_p, mask_p, L, xstride, -1 if SHIFT else 0, COMPUTE)
-            dxb, dBb, dCb, ddt_b, da_b = _chunk_pairs(xv, dtb, ab, csb, Bbv, Cbv, CBb, cbb, dzb, tt, ss, 1, DOT_MID,
-                                                      DOT_IN, DOT_LO)
+            dxb, mb, ddt_b, da_b = _chunk_pairs(xv, dtb, ab, csb, CBb, cbb, dzb, tt, ss, 1, DOT_MID, DOT_IN)
             dxv += dxb
             _add_rows(scr_ptr + so + 4 * L + rows, ddt_b, mrow)
             _add_rows(scr_ptr + so + 2 * L + rows, da_b, mrow)
             if SEPARATE:
-                sumBb += _head_sum(dBb_ptr + g_off, dBb, m_g)
-                sumCb += _head_sum(dCb_ptr + g_off, dCb, m_g)
-            else:
-                dBv += dBb
-                dCv += dCb
+                msum_b += mb
+            else:  # B_bwd, C_bwd are B, C
+                msum += mb
         _add_rows(dx_ptr + xy_off, dxv, m_xp)
-        if DO_F or not SEPARATE:
-            sumB += _head_sum(dB_ptr + g_off, dBv, m_g)
-            sumC += _head_sum(dC_ptr + g_off, dCv, m_g)
+    # the segment kernel's rows: per head (GRAD_PER_HEAD: the group's first head's, then one head after another), or
+    # the group's own
+    if GRAD_PER_HEAD:
+        p_off = b64 * L * H * N + gidx * R * N + rows[:, None] * (H * N) + offs_n[None, :]
+        n_parts = R
+    else:
+        p_off = o_off
+        n_parts = 1
     if DO_F or not SEPARATE:
-        tl.store(oB_ptr + o_off, sumB.to(oB_ptr.dtype.element_ty), mask=m_bn)
-        tl.store(oC_ptr + o_off, sumC.to(oC_ptr.dtype.element_ty), mask=m_bn)
+        if DO_F:
+            _store_group_sums(oB_ptr + o_off, oC_ptr + o_off, B_ptr + bco + bn_off, C_ptr + bco + bn_off, dB_ptr + p_off,
+                              dC_ptr + p_off, n_parts, N, m_bn, msum, COMPUTE, DOT_LO)
+        else:  # one direction, the anti-causal one
+            _store_group_sums(oB_ptr + o_off, oC_ptr + o_off, Bb_ptr + bco + bn_off, Cb_ptr + bco + bn_off,
+                              dB_ptr + p_off, dC_ptr + p_off, n_parts, N, m_bn, msum, COMPUTE, DOT_LO)
     if DO_B and SEPARATE:
-        tl.store(oBb_ptr + o_off, sumBb.to(oBb_ptr.dtype.element_ty), mask=m_bn)
-        tl.store(oCb_ptr + o_off, sumCb.to(oCb_ptr.dtype.element_ty), mask=m_bn)
+        _store_group_sums(oBb_ptr + o_off, oCb_ptr + o_off, Bb_ptr + bco + bn_off, Cb_ptr + bco + bn_off,
+                          dBb_ptr + p_off, dCb_ptr + p_off, n_parts, N, m_bn, msum_b, COMPUTE, DOT_LO)
 
 
 @triton.jit
-def _head_sum(ptrs, v, mask):
-    """A head's total of a dB or dC tile: its segment-kernel partial (ptrs) plus its in-chunk terms v, in v's dtype
-    (fp32; the partial is rounded once, when stored, and the sum over heads once, when stored)."""
-    return tl.load(ptrs, mask=mask, other=0.0).to(v.dtype) + v
+def _cb_tiles(B_ptrs, C_ptrs, mask, COMPUTE: tl.constexpr, DOT_IN: tl.constexpr):
+    """C B^T of a chunk (DOT_IN) and its diagonal sum(C * B, 1)."""
+    Bv = tl.load(B_ptrs, mask=mask, other=0.0).to(COMPUTE)
+    Cv = tl.load(C_ptrs, mask=mask, other=0.0).to(COMPUTE)
+    return _dot(Cv, tl.trans(Bv), DOT_IN), tl.sum(Cv * Bv, 1)
+
+
+@triton.jit
+def _store_group_sums(oB_ptrs, oC_ptrs, B_ptrs, C_ptrs, pB_ptrs, pC_ptrs, n_parts, part_stride, mask, msum,
+                      COMPUTE: tl.constexpr, DOT_LO: tl.constexpr):
+    """Store a group's dB = msum^T C + its parts and dC = msum B + its parts, in the outputs' dtype: msum is the sum of
+    its heads' in-chunk pair tiles, the parts the segment kernel's rows (pB_ptrs / pC_ptrs, then n_parts - 1 more sets
+    part_stride elements apart), added in order in fp32. Apart from the heads' loop, so that only msum stays in
+    registers through it."""
+    Bv = tl.load(B_ptrs, mask=mask, other=0.0).to(COMPUTE)
+    Cv = tl.load(C_ptrs, mask=mask, other=0.0).to(COMPUTE)
+    sumB = _dot(tl.trans(msum), Cv, DOT_LO)
+    sumC = _dot(msum, Bv, DOT_LO)
+    for j in range(0, n_parts):
+        sumB += tl.load(pB_ptrs + j * part_stride, mask=mask, other=0.0).to(COMPUTE)
+        sumC += tl.load(pC_ptrs + j * part_stride, mask=mask, other=0.0).to(COMPUTE)
+    tl.store(oB_ptrs, sumB.to(oB_ptrs.dtype.element_ty), mask=mask)
+    tl.store(oC_ptrs, sumC.to(oC_ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit
