@@ -39,8 +39,10 @@ Backward, three kernels (and the state kernel):
     spills). It adds its terms to dx and the scratch, writes the in-chunk pairs' share of the log-decay gradients as
     finished per-position values (a local telescoping of one pair tile's row and column sums), and stores dB, dC:
     with ngroups < nheads the segment kernel writes them per head (in the dtype of dx: bf16 for bf16 inputs) and
-    this kernel sums them over each group's heads, in head order, in fp32, with C B^T computed once per group. It
-    must cut the sequence into the chunks of the segment kernel (its BLOCK_Q).
+    this kernel sums them over each group's heads, in head order, in fp32, with C B^T computed once per group. The
+    in-chunk pairs' own dB, dC terms are products of a pair tile with the group's C and B, so the heads' pair tiles
+    are summed and multiplied once per group, not once per head. It must cut the sequence into the chunks of the
+    segment kernel (its BLOCK_Q).
   _bi_ssd_bwd_dt_kernel (pass C, per (batch * head)) reverse-sums the scratch -> ddt, and per-(batch, head) partial
     sums of dA, d(dt_bias).
 With shift=True the backward works in the unshifted frame: y_f[t] = z_f[t-1] and y_b[t] = z_b[t+1], so the output
