@@ -3,8 +3,8 @@ work needs at least (at a GPU's peak rates).
 
 The op runs under the Triton interpreter with every ``tl.dot`` counted as it executes: the kernel it belongs to,
 its tile shape (M x K by K x N: the full tiles, padding included, as a GPU computes them) and the precision it would
-run at on a GPU, read from the kernels' own ``_dot`` (a split-bf16 dot is three bf16 dots; tf32x3 is three tf32
-passes; a plain ``tl.dot`` on fp32 values is tf32). The dot precisions are the policy of the inputs' dtype
+run at on a GPU, read from the kernels' own ``_dot`` / ``_dot_acc`` (a split-bf16 dot is three bf16 dots; tf32x3 is
+three tf32 passes; a plain ``tl.dot`` on fp32 values is tf32). The dot precisions are the policy of the inputs' dtype
 (``triton_op._dot_precisions``), the configs the defaults (``YOLO_BIMAMBA_AUTOTUNE=0``), and the segments those of a
 GPU with ``--sms`` SMs (132: an H200), so the kernels walk the same tiles as there. The inputs are fp32 at batch 1:
 each batch element is its own programs, so the count is multiplied by the batch; a one-segment sequence longer than
@@ -66,7 +66,7 @@ class DotCounter:
         f = sys._getframe(2)
         while f is not None:
             name = f.f_code.co_name
-            if prec is None and name == "_dot" and "PREC" in f.f_locals:
+            if prec is None and name in ("_dot", "_dot_acc") and "PREC" in f.f_locals:
                 prec = str(_value(f.f_locals["PREC"]))
             if name.startswith("_bi_ssd_") and name.endswith("_kernel"):  # the kernel (its helpers run inside it)
                 kernel = name

@@ -59,7 +59,9 @@ Dot precision: the backward's per-position log-decay gradients (-> ddt, dA, d dt
 large, nearly equal sums, so the dots that update or read a state need about fp32 accuracy; the others need only
 the accuracy of the outputs they feed. Each dot takes its precision from a constexpr (DOT_ST, DOT_RD, DOT_MID, DOT_IN,
 DOT_LO: see triton_op._dot_precisions for what each class feeds and the policy per input dtype) through :func:`_dot`,
-which adds bf16 and split-bf16 modes to tl.dot's input precisions. The forward keeps Triton's default (tf32; "ieee"
+which adds bf16 and split-bf16 modes to tl.dot's input precisions; a state update S <- decay S + V^T R passes
+decay S as the MMA's accumulator (:func:`_dot_acc`), so the product and the state are not two tiles in registers at
+once (at headdim 64 x d_state 128 that was most of the backward segment kernel's spills on sm_90). The forward keeps Triton's default (tf32; "ieee"
 for fp64): bf16 dots there gave a wrong y and an illegal memory access on an H200 (Triton 3.6) with the
 (BLOCK_Q 64, BLOCK_P 32, 4 warps) config, and they saved only 0.03 ms at b16 L1600 h8.
 
@@ -196,6 +198,25 @@ def _dot(a, b, PREC: tl.constexpr):
         return tl.dot(aa, hi, tl.dot(aa, mid, tl.dot(aa, lo)))
     else:
         return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _dot_acc(a, b, acc, PREC: tl.constexpr):
+    """acc + a b at a chosen precision (the modes of _dot), with acc as the MMA's accumulator: a state update
+    S <- decay S + V^T R then holds one tile of the state's size in registers, not two (the product and S) until
+    they are added."""
+    if PREC == "bf16":
+        return tl.dot(_round_bf16(a), _round_bf16(b), acc)
+    elif PREC == "bf16x3a":
+        hi, mid, lo = _split_bf16(a)
+        bb = _round_bf16(b)
+        return tl.dot(hi, bb, tl.dot(mid, bb, tl.dot(lo, bb, acc)))  # smallest part first
+    elif PREC == "bf16x3b":
+        hi, mid, lo = _split_bf16(b)
+        aa = _round_bf16(a)
+        return tl.dot(aa, hi, tl.dot(aa, mid, tl.dot(aa, lo, acc)))
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)
 
 
 @triton.jit
@@ -386,7 +407,7 @@ def _bi_ssd_fwd_kernel(
             rowd = cs - a if SHIFT else cs
             yv = tl.exp(rowd)[:, None] * tl.dot(Cv, S)
             wS = tl.exp(tail - a) * dtv
-            S = tl.exp(cs_last) * S + tl.dot(tl.trans(Bv * wS[:, None]), xv)
+            S = tl.dot(tl.trans(Bv * wS[:, None]), xv, tl.exp(cs_last) * S)
             if not DO_B:
                 if HAS_D:
                     if D_PER_P:
@@ -410,7 +431,7 @@ def _bi_ssd_fwd_kernel(
             # from row t to the chunk's end: steps t.. (tail), with the shift t+1.. (C_{t+1} reads the state of row t+1)
             yv = tl.exp(tail - a if SHIFT else tail)[:, None] * tl.dot(Cv, Sb)
             wS = tl.exp(csx) * dtv
-            Sb = tl.exp(cs_last) * Sb + tl.dot(tl.trans(Bv * wS[:, None]), xv)
+            Sb = tl.dot(tl.trans(Bv * wS[:, None]), xv, tl.exp(cs_last) * Sb)
             if HAS_D:
                 if D_PER_P:
                     yv += Dv[None, :] * xv
@@ -533,7 +554,7 @@ def _state_walk(v_ptr, r_ptr, dt_base, st_base, A_h, bias, L, H, SEG, v_stride, 
         rr = rows + R_SHIFT
         m_r = (mrow & (rr >= 0) & (rr < L))[:, None] & mask_p[None, :]
         Rv = tl.load(r_ptr + rr[:, None] * r_stride + offs_p[None, :], mask=m_r, other=0.0).to(COMPUTE)
-        S = tl.exp(last) * S + _dot(tl.trans(Vv * w[:, None]), Rv, DOT_ST)
+        S = _dot_acc(tl.trans(Vv * w[:, None]), Rv, tl.exp(last) * S, DOT_ST)
         # the state after this chunk, where it ends a segment (forward walk: the boundary after its rows) or starts
         # one (reverse walk: the boundary before them)
         if MODE < 2:
@@ -827,7 +848,7 @@ def _bi_ssd_bwd_kernel(
             ef_end = tl.exp(tailf - af)
             uf_in = ef_end[:, None] * _dot(Bf, dS, DOT_RD)
             dBf = (dtf * ef_end)[:, None] * _dot(xv, tl.trans(dS), DOT_LO)
-            dS = tl.exp(lastf) * dS + _dot(tl.trans(Cf * tl.exp(csf)[:, None]), dzf, DOT_ST)
+            dS = _dot_acc(tl.trans(Cf * tl.exp(csf)[:, None]), dzf, tl.exp(lastf) * dS, DOT_ST)
             xin = tl.sum(uf_in * xv, 1)
             dxv += dtf[:, None] * uf_in
             if ORDERED:
@@ -849,7 +870,7 @@ def _bi_ssd_bwd_kernel(
             # Yb_t = dz_t . (e_t C_t Sb) = C_t . dC_t from the same product (at the state read-outs' precision, DOT_RD)
             dCb = tl.exp(tailb)[:, None] * _dot(dzb, tl.trans(Sb), DOT_RD)
             Yb = tl.sum(Cbv * dCb, 1)
-            Sb = tl.exp(lastb) * Sb + _dot(tl.trans(Bbv * (tl.exp(csb - ab) * dtb)[:, None]), xv, DOT_ST)
+            Sb = _dot_acc(tl.trans(Bbv * (tl.exp(csb - ab) * dtb)[:, None]), xv, tl.exp(lastb) * Sb, DOT_ST)
             if SEPARATE:
                 tl.store(dCb_ptr + g_off, dCb.to(dCb_ptr.dtype.element_ty), mask=m_bn)
             else:
@@ -926,7 +947,7 @@ def _bi_ssd_bwd_kernel(
                 _add_turn(dC_ptr + g_off, m_bn, dC_inter, cnt_C + c, turn)
             else:
                 _store_sum(dC_ptr + g_off, dC_old, dC_inter, m_bn)
-            S = tl.exp(lastf) * S + _dot(tl.trans(Bf * (tl.exp(tailf - af) * dtf)[:, None]), xv, DOT_ST)
+            S = _dot_acc(tl.trans(Bf * (tl.exp(tailf - af) * dtf)[:, None]), xv, tl.exp(lastf) * S, DOT_ST)
             _store_sum(scr_ptr + so + rows, s0_old, Yf, mrow)
         if DO_B:
             if OWN_B:
@@ -943,7 +964,7 @@ def _bi_ssd_bwd_kernel(
             dBb = (dtb * ebx)[:, None] * _dot(xv, tl.trans(dSb), DOT_LO)
             xub_in = tl.sum(ub_in * xv, 1)
             Xb = dtb * xub_in
-            dSb = tl.exp(lastb) * dSb + _dot(tl.trans(Cbv * tl.exp(tailb)[:, None]), dzb, DOT_ST)
+            dSb = _dot_acc(tl.trans(Cbv * tl.exp(tailb)[:, None]), dzb, tl.exp(lastb) * dSb, DOT_ST)
             _store_sum(dx_ptr + xo + xy_off, dx_old, dtb[:, None] * ub_in, m_xp)
             if ORDERED:
                 _add_turn(dB_ptr + g_off, m_bn, dBb, cnt_B + c, turn)
