@@ -1,0 +1,26 @@
+#!/bin/bash
+# A/B of the state updates accumulated in the MMA against ab/base = the tree at ad556c3 (`mkdir -p ab/base && git archive ad556c3 yolo_bimamba benchmarks | tar -x -C ab/base`), per-kernel CUDA time, default configs, then the GPU kernel suite.
+set -u
+export YOLO_BIMAMBA_AUTOTUNE=0 PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > $OUT/gpu.txt
+python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" >> $OUT/gpu.txt
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+S=b16_L1600_h8_p64_n64,b32_L1600_h8_p32_n32,lm_b8_L8192_h32_p64_n128
+run() { echo "== $1 $(date +%T) t=$SECONDS"; }
+ab() {
+  run base-r$1; PYTHONPATH=$PWD/ab/base timeout 150 python ab/base/benchmarks/profile_gpu.py kernels --pps 2 --directions both \
+    --shapes $S --out $OUT/base-r$1.json > $OUT/base-r$1.log 2>&1; echo rc=$?
+  run new-r$1; PYTHONPATH=$PWD timeout 150 python benchmarks/profile_gpu.py kernels --pps 2 --directions both \
+    --shapes $S --out $OUT/new-r$1.json > $OUT/new-r$1.log 2>&1; echo rc=$?
+  python - $OUT/base-r$1.json $OUT/new-r$1.json <<'PY'
+import json, sys
+a, b = (json.load(open(f))["runs"] for f in sys.argv[1:])
+for x, y in zip(a, b):
+    ks = ", ".join(f'{k[8:]} {v:.3f}->{y["kernels_ms"].get(k, float("nan")):.3f}' for k, v in x["kernels_ms"].items() if k.startswith("_bi"))
+    print(f'{x["shape"]:26s} total {x["total_ms"]:.3f} -> {y["total_ms"]:.3f}; {ks}')
+PY
+}
+ab 1
+run tests; PYTHONPATH=/tmp/site:$PWD timeout 330 python -m pytest -m gpu tests/gpu/test_gpu_kernels.py -q -n 8 --dist loadgroup -p no:cacheprovider > $OUT/gpu-tests.log 2>&1; echo rc=$?; tail -5 $OUT/gpu-tests.log
+[ $SECONDS -lt 480 ] && ab 2
+run end
