@@ -1,5 +1,10 @@
 #!/bin/bash
-# A/B of the state updates accumulated in the MMA against ab/base = the tree at ad556c3 (`mkdir -p ab/base && git archive ad556c3 yolo_bimamba benchmarks | tar -x -C ab/base`), per-kernel CUDA time, default configs, then the GPU kernel suite.
+# Session 23's A/B on the H200: the tree against ab/base, an earlier commit's package and benchmarks
+# (`mkdir -p ab/base && git archive REV yolo_bimamba benchmarks | tar -x -C ab/base`; carry ab and .whl), per-kernel
+# CUDA time with default configs, two rounds around the GPU kernel suite. From the repository root:
+#   REV 6aaa7bb: AB_ARGS="--pairs-cfgs 0,1" bash benchmarks/results/session23/ab.sh   (the pairs kernel, 016fb14)
+#   REV ad556c3: bash benchmarks/results/session23/ab.sh                               (the state updates, 679d1ea)
+# (The calls ran two copies of this script that differed only in those arguments and in what the summary printed.)
 set -u
 export YOLO_BIMAMBA_AUTOTUNE=0 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > $OUT/gpu.txt
@@ -9,9 +14,9 @@ S=b16_L1600_h8_p64_n64,b32_L1600_h8_p32_n32,lm_b8_L8192_h32_p64_n128
 run() { echo "== $1 $(date +%T) t=$SECONDS"; }
 ab() {
   run base-r$1; PYTHONPATH=$PWD/ab/base timeout 150 python ab/base/benchmarks/profile_gpu.py kernels --pps 2 --directions both \
-    --shapes $S --out $OUT/base-r$1.json > $OUT/base-r$1.log 2>&1; echo rc=$?
+    ${AB_ARGS:-} --shapes $S --out $OUT/base-r$1.json > $OUT/base-r$1.log 2>&1; echo rc=$?
   run new-r$1; PYTHONPATH=$PWD timeout 150 python benchmarks/profile_gpu.py kernels --pps 2 --directions both \
-    --shapes $S --out $OUT/new-r$1.json > $OUT/new-r$1.log 2>&1; echo rc=$?
+    ${AB_ARGS:-} --shapes $S --out $OUT/new-r$1.json > $OUT/new-r$1.log 2>&1; echo rc=$?
   python - $OUT/base-r$1.json $OUT/new-r$1.json <<'PY'
 import json, sys
 a, b = (json.load(open(f))["runs"] for f in sys.argv[1:])
