@@ -186,31 +186,20 @@ def _dot(a, b, PREC: tl.constexpr):
     "bf16"                     both operands rounded to bf16 (twice tf32's rate, six times tf32x3's);
     "bf16x3a" / "bf16x3b"      operand a (b) split into three bf16 parts, the other one a bf16 value (a loaded bf16
                                input: exact): three bf16 dots, half the cost of tf32x3 at about fp32 accuracy."""
-    if PREC == "bf16":
-        return tl.dot(_round_bf16(a), _round_bf16(b))
-    elif PREC == "bf16x3a":
-        hi, mid, lo = _split_bf16(a)
-        bb = _round_bf16(b)
-        return tl.dot(hi, bb, tl.dot(mid, bb, tl.dot(lo, bb)))  # smallest part first, accumulated in the MMA
-    elif PREC == "bf16x3b":
-        hi, mid, lo = _split_bf16(b)
-        aa = _round_bf16(a)
-        return tl.dot(aa, hi, tl.dot(aa, mid, tl.dot(aa, lo)))
-    else:
-        return tl.dot(a, b, input_precision=PREC)
+    return _dot_acc(a, b, None, PREC)
 
 
 @triton.jit
 def _dot_acc(a, b, acc, PREC: tl.constexpr):
-    """acc + a b at a chosen precision (the modes of _dot), with acc as the MMA's accumulator: a state update
-    S <- decay S + V^T R then holds one tile of the state's size in registers, not two (the product and S) until
-    they are added."""
+    """acc + a b at a chosen precision (the modes of _dot; acc None: a b alone), with acc as the MMA's accumulator: a
+    state update S <- decay S + V^T R then holds one tile of the state's size in registers, not two (the product and
+    S) until they are added."""
     if PREC == "bf16":
         return tl.dot(_round_bf16(a), _round_bf16(b), acc)
     elif PREC == "bf16x3a":
         hi, mid, lo = _split_bf16(a)
         bb = _round_bf16(b)
-        return tl.dot(hi, bb, tl.dot(mid, bb, tl.dot(lo, bb, acc)))  # smallest part first
+        return tl.dot(hi, bb, tl.dot(mid, bb, tl.dot(lo, bb, acc)))  # smallest part first, accumulated in the MMA
     elif PREC == "bf16x3b":
         hi, mid, lo = _split_bf16(b)
         aa = _round_bf16(a)
@@ -1112,13 +1101,9 @@ def _bi_ssd_bwd_pairs_kernel(
     else:
         p_off = o_off
         n_parts = 1
-    if DO_F or not SEPARATE:
-        if DO_F:
-            _store_group_sums(oB_ptr + o_off, oC_ptr + o_off, B_ptr + bco + bn_off, C_ptr + bco + bn_off, dB_ptr + p_off,
-                              dC_ptr + p_off, n_parts, N, m_bn, msum, COMPUTE, DOT_LO)
-        else:  # one direction, the anti-causal one
-            _store_group_sums(oB_ptr + o_off, oC_ptr + o_off, Bb_ptr + bco + bn_off, Cb_ptr + bco + bn_off,
-                              dB_ptr + p_off, dC_ptr + p_off, n_parts, N, m_bn, msum, COMPUTE, DOT_LO)
+    if DO_F or not SEPARATE:  # (without SEPARATE, B_bwd and C_bwd are B and C)
+        _store_group_sums(oB_ptr + o_off, oC_ptr + o_off, B_ptr + bco + bn_off, C_ptr + bco + bn_off, dB_ptr + p_off,
+                          dC_ptr + p_off, n_parts, N, m_bn, msum, COMPUTE, DOT_LO)
     if DO_B and SEPARATE:
         _store_group_sums(oBb_ptr + o_off, oCb_ptr + o_off, Bb_ptr + bco + bn_off, Cb_ptr + bco + bn_off,
                           dBb_ptr + p_off, dCb_ptr + p_off, n_parts, N, m_bn, msum_b, COMPUTE, DOT_LO)
