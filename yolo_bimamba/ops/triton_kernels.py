@@ -29,7 +29,9 @@ Backward, three kernels (and the state kernel):
     owns its slots (terms that pass C telescopes over the sequence). Global-load latency was most of its stalls on an
     H200, so each pass loads a chunk's inputs one chunk ahead of their use (all of them up to headdim x d_state =
     32 x 32, AHEAD_MAX_TILE; only dt above, where the tiles held ahead would spill), and pass B loads the rows it
-    adds to at the start of the chunk, before its dots. "both" runs as two launches of this kernel,
+    adds to at the start of the chunk, before its dots (except the dB rows of a launch of the anti-causal direction
+    alone above that tile size, LATE_DB; a first launch without anti-causal dC terms writes its dC in pass B alone,
+    FRESH_C). "both" runs as two launches of this kernel,
     one per direction (DO_F / DO_B), the second adding to the first's dx (and dB, dC when the directions share
     them, ACC=True), or as one (triton_op._split_directions); the sum stays ordered, so results are bitwise
     reproducible. dD comes from per-(batch, head, segment) partials of the first launch.
@@ -807,6 +809,15 @@ def _bi_ssd_bwd_kernel(
     # ... but at headdim or d_state 64 the tiles held a chunk ahead cost spills on sm_90 (600 bytes of stack per
     # thread instead of 280 at 64 x 64): there only dt is loaded ahead
     AHEAD: tl.constexpr = BLOCK_P * BLOCK_N <= AHEAD_MAX_TILE
+    # pass A has no dC terms of its own when the anti-causal direction does not run here or keeps its dC apart
+    # (SEPARATE): then, in a first launch, pass B writes the causal dC rows alone (pass A stored zeros, pass B read them
+    # back and added: at the LM shape's per-head rows, 2 x 0.5 GB of memory traffic for nothing)
+    FRESH_C: tl.constexpr = DO_F and (SEPARATE or not DO_B) and (not ACC) and (not ORDERED)
+    # a launch of the anti-causal direction alone, above the tiles loaded ahead, loads the dB rows it adds to in pass B
+    # where it adds them: held through the chunk's dots they were most of its spills at headdim 64 x d_state 128 on
+    # sm_90 (74 spill loads and stores per chunk, 18 after); with both directions in one launch there was nothing to
+    # spill and the early load stays (loaded late, the H200 took 3 % longer at b16 L1600 h8 p64 n64)
+    LATE_DB: tl.constexpr = (not DO_F) and (not AHEAD)
     rows_n = (c1 - 1) * BLOCK_Q + offs_q
     x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, AHEAD)
     if DO_F:
@@ -880,7 +891,7 @@ def _bi_ssd_bwd_kernel(
         if ORDERED:  # (a causal launch writes its dC in pass B)
             if DO_B:
                 _add_turn(dC_ptr + g_off, m_bn, dCv, cnt_C + c, turn)
-        elif DO_F or (not SEPARATE):
+        elif (DO_F or (not SEPARATE)) and (not FRESH_C):
             if ACC and (not SEPARATE):  # add to the other direction's dC
                 _add_rows(dC_ptr + g_off, dCv, m_bn)
             else:
@@ -914,12 +925,12 @@ def _bi_ssd_bwd_kernel(
         # which hide the loads' latency (loaded where they are added, they were a fifth of the kernel's stalls on an
         # H200); a scratch slot 3 row is always minus the slot 2 row, so only slot 2 is read
         if DO_F:
-            if not ORDERED:  # (ORDERED: loaded in its turn)
+            if (not ORDERED) and (not FRESH_C):  # (ORDERED: loaded in its turn)
                 dC_old = tl.load(dC_ptr + g_off, mask=m_bn, other=0.0)
             s0_old = tl.load(scr_ptr + so + rows, mask=mrow, other=0.0)
         if DO_B:
             dx_old = tl.load(dx_ptr + xo + xy_off, mask=m_xp, other=0.0)
-            if (not SEPARATE) and (DO_F or ACC) and (not ORDERED):
+            if (not SEPARATE) and (DO_F or ACC) and (not ORDERED) and (not LATE_DB):
                 dB_old = tl.load(dB_ptr + g_off, mask=m_bn, other=0.0)
             s2_old = tl.load(scr_ptr + so + 2 * L + rows, mask=mrow, other=0.0)
         if DO_F:
@@ -934,6 +945,8 @@ def _bi_ssd_bwd_kernel(
             Yf = tl.sum(Cf * dC_inter, 1)
             if ORDERED:
                 _add_turn(dC_ptr + g_off, m_bn, dC_inter, cnt_C + c, turn)
+            elif FRESH_C:
+                tl.store(dC_ptr + g_off, dC_inter.to(dC_ptr.dtype.element_ty), mask=m_bn)
             else:
                 _store_sum(dC_ptr + g_off, dC_old, dC_inter, m_bn)
             S = _dot_acc(tl.trans(Bf * (tl.exp(tailf - af) * dtf)[:, None]), xv, tl.exp(lastf) * S, DOT_ST)
@@ -960,6 +973,8 @@ def _bi_ssd_bwd_kernel(
             elif SEPARATE:
                 tl.store(dBb_ptr + g_off, dBb.to(dBb_ptr.dtype.element_ty), mask=m_bn)
             elif DO_F or ACC:  # add to this chunk's dB of pass A or of the other direction's launch
+                if LATE_DB:
+                    dB_old = tl.load(dB_ptr + g_off, mask=m_bn, other=0.0)
                 _store_sum(dB_ptr + g_off, dB_old, dBb, m_bn)
             else:
                 tl.store(dB_ptr + g_off, dBb.to(dB_ptr.dtype.element_ty), mask=m_bn)
