@@ -974,8 +974,9 @@ def _bi_ssd_bwd_kernel(
                 tl.store(dBb_ptr + g_off, dBb.to(dBb_ptr.dtype.element_ty), mask=m_bn)
             elif DO_F or ACC:  # add to this chunk's dB of pass A or of the other direction's launch
                 if LATE_DB:
-                    dB_old = tl.load(dB_ptr + g_off, mask=m_bn, other=0.0)
-                _store_sum(dB_ptr + g_off, dB_old, dBb, m_bn)
+                    _add_rows(dB_ptr + g_off, dBb, m_bn)
+                else:
+                    _store_sum(dB_ptr + g_off, dB_old, dBb, m_bn)
             else:
                 tl.store(dB_ptr + g_off, dBb.to(dB_ptr.dtype.element_ty), mask=m_bn)
             # slot 2 += -Xb (rows written in pass A), and slot 3 = -(slot 2): pass A wrote Yb and -Yb, so this is
