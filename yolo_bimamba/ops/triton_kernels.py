@@ -391,12 +391,12 @@ def _bi_ssd_fwd_kernel(
             rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, H * P, G * N, BLOCK_Q)
             dtv, a, cs, cs_last, tail = _chunk_decay(dt_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             xv = tl.load(x_base + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-            Bv = tl.load(B_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             Cv = _load_c(C_ptr + bc_off, rows, mrow, offs_n, mask_n, L, G * N, -1 if SHIFT else 0, COMPUTE)
             # from the chunk's start to row t: steps ..t (rowd = cs), with the shift ..t-1 (C_{t-1} reads the state
             # of row t-1)
             rowd = cs - a if SHIFT else cs
             yv = tl.exp(rowd)[:, None] * tl.dot(Cv, S)
+            Bv = tl.load(B_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             wS = tl.exp(tail - a) * dtv
             S = tl.dot(tl.trans(Bv * wS[:, None]), xv, tl.exp(cs_last) * S)
             if not DO_B:
@@ -417,10 +417,10 @@ def _bi_ssd_fwd_kernel(
             dtv, a, cs, cs_last, tail = _chunk_decay(dtb_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
             csx = cs - a
             xv = tl.load(x_base + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-            Bv = tl.load(Bb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             Cv = _load_c(Cb_ptr + bc_off, rows, mrow, offs_n, mask_n, L, G * N, 1 if SHIFT else 0, COMPUTE)
             # from row t to the chunk's end: steps t.. (tail), with the shift t+1.. (C_{t+1} reads the state of row t+1)
             yv = tl.exp(tail - a if SHIFT else tail)[:, None] * tl.dot(Cv, Sb)
+            Bv = tl.load(Bb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
             wS = tl.exp(csx) * dtv
             Sb = tl.dot(tl.trans(Bv * wS[:, None]), xv, tl.exp(cs_last) * Sb)
             if HAS_D:
