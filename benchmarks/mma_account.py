@@ -130,7 +130,16 @@ def count(shape: dict, direction: str = "both", dtype=torch.bfloat16, sms: int =
     if nseg == 1 and L > rows and L % rows == 0 and rows % triton_op.SEG_MULTIPLE == 0:
         l_run, scale_l, seg = rows, L // rows, rows
     inp = bench_kernels.make_inputs(dict(shape, b=1, l=l_run), torch.float32, "cpu", hydra=False)
-    counter = run_counted(inp, direction, policy_of(dtype, prec), seg, grad)
+    heads_rule = triton_op.fwd_pairs_heads
+
+    def heads_of_full_call(_b, g, r, tiles, n, device):
+        # the forward pairs kernel's heads per program as in the full call (batch b, all rows, sms SMs): its C B^T
+        # dots are one per program
+        with mock.patch.object(triton_op, "sm_count", lambda device: sms):
+            return heads_rule(b, g, r, tiles * scale_l, n, device)
+
+    with mock.patch.object(triton_op, "fwd_pairs_heads", heads_of_full_call):
+        counter = run_counted(inp, direction, policy_of(dtype, prec), seg, grad)
     scale = b * scale_l
     kernels = {k: {u: v * scale for u, v in units.items()} for k, units in sorted(counter.macs.items())}
     total = defaultdict(int)

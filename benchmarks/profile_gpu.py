@@ -147,14 +147,14 @@ def kernels(args):
         g = h if groups == "h" else int(groups)
         x, call = _op_inputs(b, L, h, p, n, _DTYPES[args.dtype], g)
         ints = lambda v: [int(c) for c in v.split(",")] if v else [None]  # noqa: E731
-        variants = [(d, pps, prec, cfg, split, fcfg, scfg, pcfg) for d in args.directions.split(",") for pps in pps_list
+        variants = [(d, pps, prec, cfg, split, fcfg, scfg, pcfg, fh) for d in args.directions.split(",") for pps in pps_list
                     for prec in (args.prec.split(";") if args.prec else [None])
                     for cfg in ints(args.bwd_cfgs)
                     for split in ([bool(int(v)) for v in args.splits.split(",")] if args.splits else [None])
                     for fcfg in ints(args.fwd_cfgs) for scfg in ints(args.state_cfgs)
-                    for pcfg in ints(getattr(args, "pairs_cfgs", ""))]
+                    for pcfg in ints(getattr(args, "pairs_cfgs", "")) for fh in ints(getattr(args, "fwd_heads", ""))]
         orig_prec = triton_op._dot_precisions
-        for direction, pps, prec, cfg, split, fcfg, scfg, pcfg in variants:
+        for direction, pps, prec, cfg, split, fcfg, scfg, pcfg, fh in variants:
             triton_op._PROGRAMS_PER_SM = pps
             if prec:
                 triton_op._dot_precisions = lambda x, prec=prec: dict(zip(triton_op.DOT_CLASSES, prec.split(",")))
@@ -166,12 +166,15 @@ def kernels(args):
             forced = dict(bwd=cfg, split=split, fwd=fcfg, state=scfg)
             if pcfg is not None:  # (absent before the in-chunk pairs kernel: A/B runs against older commits)
                 forced["pairs"] = pcfg
+            if fh is not None:  # (absent before the forward pairs kernel walked a group's heads)
+                forced["fwd_heads"] = fh
             with triton_op.force_config(**forced):
                 times, launches = _kernel_times(step)
             total = sum(times.values())
             rec = {"shape": name, "ngroups": g, "dtype": args.dtype, "direction": direction, "programs_per_sm": pps,
                    "dot_prec": prec, "bwd_cfg": cfg,
-                   "fwd_cfg": fcfg, "state_cfg": scfg, "pairs_cfg": pcfg, "split": split, "seg_rows": seg,
+                   "fwd_cfg": fcfg, "state_cfg": scfg, "pairs_cfg": pcfg, "fwd_heads": fh, "split": split,
+                   "seg_rows": seg,
                    "nseg": -(-L // seg),
                    "total_ms": round(total, 4),
                    "launches": launches,
@@ -179,6 +182,7 @@ def kernels(args):
             out["runs"].append(rec)
             top = ", ".join(f"{k[:40]}={v:.3f}" for k, v in list(times.items())[:6])
             print(f"{name} g{g} {direction} pps={pps} prec={prec} fwd={fcfg} bwd={cfg} state={scfg} pairs={pcfg} "
+                  f"fwd_heads={fh} "
                   f"split={split} seg={seg}: "
                   f"total {total:.3f} ms, "
                   f"{launches} launches; {top}", flush=True)
@@ -411,6 +415,8 @@ def main():
     ap.add_argument("--fwd-cfgs", default="", help="kernels: forced forward configs, comma separated")
     ap.add_argument("--state-cfgs", default="", help="kernels: forced state-kernel configs, comma separated")
     ap.add_argument("--pairs-cfgs", default="", help="kernels: forced in-chunk pairs kernel configs, comma separated")
+    ap.add_argument("--fwd-heads", default="", help="kernels: forced heads per program of the forward's in-chunk "
+                    "pairs kernel, comma separated")
     ap.add_argument("--splits", default="",
                     help="kernels: backward directions in two launches (1) or one (0), e.g. 1,0")
     ap.add_argument("--shapes", default="", help="kernels: shape names, comma separated (default all)")

@@ -75,6 +75,8 @@ def _variants():
         ("p64n256-both", 64, 256, 1, 8, both, ("bf16",), t2),
         ("p256n64-both", 256, 64, 1, 4, both, ("bf16",), t2),
         ("p64n64-hydra", 64, 64, 1, 8, hydra, ("bf16",), t2),
+        # d_state 128: the forward pairs kernel walks a group's heads (GROUPED), here with both directions' own C B^T
+        ("p64n128-hydra", 64, 128, 1, 8, hydra, ("bf16",), t2),
         # headdim x d_state 32 x 32 (the detection models' own layers): the backward segment kernel takes its other
         # way of loading there (every input of a chunk one chunk ahead, triton_kernels.AHEAD_MAX_TILE)
         ("p32n32-both", 32, 32, 1, 8, both, ("bf16",), t1),

@@ -5,6 +5,7 @@ one-segment count by the rows, must give what a full run counts."""
 from __future__ import annotations
 
 import os
+from unittest import mock
 
 import pytest
 import torch
@@ -38,8 +39,25 @@ def test_forward_dots_match_a_hand_count():
     assert set(r["kernels"]) == {"_bi_ssd_fwd_kernel", "_bi_ssd_fwd_pairs_kernel"}
     # per chunk: the read-out C S and the state update B^T x, plain tl.dot on fp32 values (tf32 on a GPU)
     assert r["kernels"]["_bi_ssd_fwd_kernel"]["macs"] == {"tf32": programs * chunks * 2 * q * bn * bp}
-    # per chunk: C B^T, then its product with x
+    # per chunk: C B^T, then its product with x (one head per program below d_state 128)
     assert r["kernels"]["_bi_ssd_fwd_pairs_kernel"]["macs"] == {"tf32": programs * chunks * (q * bn * q + q * q * bp)}
+
+
+def test_forward_pairs_grouped_count_one_cb_per_program():
+    # d_state 128: the forward pairs kernel computes C B^T once per program, a block of a group's heads as the full
+    # call on one SM cuts them (here the whole group of four), then its product with x per head
+    shape = dict(SHAPE, h=4, n=128)
+    r = mma_account.count(shape, "forward", torch.bfloat16, sms=1, grad=False)
+    cfg = FWD_CONFIGS[triton_op.default_config("fwd", dict(P=shape["p"], N=shape["n"]))]
+    q, bp, bn = cfg.kwargs["BLOCK_Q"], cfg.kwargs["BLOCK_P"], kernel_tile(shape["n"])
+    chunks, pblocks, r_heads = _cdiv(shape["l"], q), _cdiv(shape["p"], bp), shape["h"] // shape["g"]
+    with mock.patch.object(triton_op, "sm_count", lambda device: 1):
+        heads = triton_op.fwd_pairs_heads(shape["b"], shape["g"], r_heads, pblocks * chunks, shape["n"],
+                                          torch.device("cpu"))
+    assert heads == 4
+    pair_programs = shape["b"] * shape["g"] * _cdiv(r_heads, heads) * pblocks
+    assert r["kernels"]["_bi_ssd_fwd_pairs_kernel"]["macs"] == {
+        "tf32": pair_programs * chunks * q * bn * q + shape["b"] * shape["h"] * pblocks * chunks * q * q * bp}
     assert r["floor_ms"] == pytest.approx(2 * r["macs"]["tf32"] / mma_account.PEAK["tf32"] * 1e3)
 
 

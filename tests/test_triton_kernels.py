@@ -231,6 +231,55 @@ def test_every_pairs_config(pi):
             check_case(args, kw, (bi + pi) % len(FWD_CONFIGS), bi)
 
 
+_FWD_HEADS_MODES = [dict(direction="both"), dict(direction="both", shift=True, sep=True),
+                    dict(direction="backward", shift=True), dict(direction="forward", d_shape="h")]
+
+
+@pytest.mark.parametrize("mode", range(len(_FWD_HEADS_MODES)))
+def test_fwd_pairs_heads_per_program(mode):
+    """The forward's in-chunk pairs kernel computes C B^T once per program and walks that many heads of the group: y
+    is the same, bit for bit, with one head per program, blocks of two (the group of three cut 2 + 1), the whole group
+    and more than a group (clamped), in BiMamba2, Hydra and one-direction modes, over two headdim blocks and a partial
+    last chunk; and the whole op (gradients too) matches the float64 reference with blocks of two."""
+    opt = dict(_FWD_HEADS_MODES[mode])
+    direction, shift = opt.pop("direction"), opt.pop("shift", False)
+    fi = _first_with_q(FWD_CONFIGS, 32)
+    assert FWD_CONFIGS[fi].kwargs["BLOCK_P"] < 40  # two headdim blocks
+    args, kw = make_inputs(l=2 * 32 + 5, h=6, g=2, p=40, seed=50 + mode, **opt)
+    kw.update(direction=direction, shift=shift)
+    ys = {}
+    for heads in (1, 2, 3, 5):
+        with force_config(fwd=fi, fwd_heads=heads), torch.no_grad(), triton_op.poison_outputs(True):
+            ys[heads] = bi_ssd_triton(*args, **kw)
+    assert torch.isfinite(ys[1]).all()
+    for heads in (2, 3, 5):
+        assert torch.equal(ys[heads], ys[1]), heads
+    with force_config(fwd_heads=2):
+        check_case(args, kw, fi, 0)
+
+
+def test_fwd_pairs_heads_rule():
+    """From d_state 128: whole groups per program where that leaves 4 programs per SM (the interpreter's 4 SMs: 16),
+    equal blocks of the group where it does not, one head where even one head per program leaves too few; one head
+    below d_state 128; forced values are clamped to the group."""
+    dev = torch.device("cpu")
+    rule = triton_op.fwd_pairs_heads
+    assert rule(1, 1, 8, 16, 128, dev) == 8
+    assert rule(2, 2, 8, 4, 128, dev) == 8
+    assert rule(1, 1, 8, 5, 128, dev) == 2  # 4 blocks of 2: 20 programs
+    assert rule(1, 1, 8, 6, 256, dev) == 3  # 3 blocks (3, 3, 2): 18 programs
+    assert rule(1, 1, 8, 1, 128, dev) == 1
+    assert rule(1, 1, 1, 1, 128, dev) == 1
+    assert rule(1, 1, 8, 16, 64, dev) == 1
+    assert rule(1, 1, 8, 16, 100, dev) == 8  # (a tile of 128)
+    with force_config(fwd_heads=5):
+        assert rule(1, 1, 3, 1, 16, dev) == 3
+        assert rule(1, 1, 8, 100, 16, dev) == 5
+    with pytest.raises(ValueError, match="fwd_heads"):
+        with force_config(fwd_heads=0):
+            pass
+
+
 # 2a. the backward segment kernel's two ways of loading a chunk: its inputs one chunk ahead (tiles up to
 #     triton_kernels.AHEAD_MAX_TILE, every other test's sizes) or its tiles at their use (larger tiles: headdim x
 #     d_state 64 x 64 and up on the GPU). The second way, forced here at small sizes, under every backward config and
@@ -603,7 +652,7 @@ def test_force_config_nests():
     with force_config(state=1, seg=2 * SEG_MULTIPLE, split=False):
         with force_config(fwd=0, bwd=0):
             assert triton_op._forced == dict(fwd=0, bwd=0, state=1, pairs=None, seg=2 * SEG_MULTIPLE, split=False,
-                                             ordered=None)
+                                             ordered=None, fwd_heads=None)
             assert triton_op.segment_rows(1, 1, 10 * SEG_MULTIPLE, torch.device(DEV)) == 2 * SEG_MULTIPLE
         assert triton_op._forced["fwd"] is None and triton_op._forced["seg"] == 2 * SEG_MULTIPLE
     assert all(v is None for v in triton_op._forced.values())

@@ -16,7 +16,8 @@ state terms (pairs across chunks) and D x. It walks its chunks forward (causal p
 headdim, fp32) on chip, entered with the boundary state, and writes y, then walks them backward (anti-causal pass)
 with its own state, reads y back and adds. _bi_ssd_fwd_pairs_kernel, one program per (batch * head, block of
 headdim, chunk), then adds the pairs inside each chunk (no state: all chunks in parallel; in the chunks and headdim
-blocks of the forward kernel's config). The reverse direction is index arithmetic; there is no flip or copy of any
+blocks of the forward kernel's config); from d_state 128 a program walks a block of a group's heads with the chunk's
+C B^T computed once (GROUPED). The reverse direction is index arithmetic; there is no flip or copy of any
 tensor. Hydra's shift (shift=True) is an offset of the C rows that are loaded (C[t-1] for the causal, C_bwd[t+1] for
 the anti-causal direction) and a strict mask.
 
@@ -444,55 +445,152 @@ def _load_c(C_ptr, rows, mrow, offs_n, mask_n, L, bstride, C_SHIFT: tl.constexpr
 
 
 @triton.jit
-def _bi_ssd_fwd_pairs_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, y_ptr,
-    L, H, G, dt_lo, dt_hi,
-    P: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr,
-    DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SHARE: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
-):
-    """The forward's in-chunk pairs, one program per (batch * head, block of headdim, chunk): no state, so all chunks run
-    in parallel. Adds (C B^T . decay . dt) x of each direction's pairs inside the chunk (with SHARE both in one tile) to
-    the y that _bi_ssd_fwd_kernel (same BLOCK_Q: the same chunks) wrote with the pairs across chunks and D x."""
-    pid_bh = tl.program_id(0)
-    pid_p = tl.program_id(1)
-    c = tl.program_id(2)
-    hidx, gidx, b64 = _head_coords(pid_bh, H, G)
-    offs_q, offs_p, offs_n, mask_p, mask_n = _tile_offsets(pid_p, P, N, BLOCK_Q, BLOCK_P, BLOCK_N)
-    tt = offs_q[:, None]
-    ss = offs_q[None, :]
+def _fwd_pairs_head_in(x_ptr, y_ptr, dt_ptr, dtb_ptr, A_ptr, bias_ptr, b64, hidx, live, L, H, rows, mrow, xy_off, m_xp,
+                       P: tl.constexpr, DO_F: tl.constexpr, DO_B: tl.constexpr, SHARE: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr, LOAD_Y: tl.constexpr):
+    """What the forward pairs kernel reads of head hidx, as loaded (nothing where not live, a scalar: past the
+    program's last head, whose index is then clamped for the scalars): x, y (LOAD_Y; else x again), the dt of its first
+    direction and that of its second (dt_bwd; the same tensor unless it runs both directions apart), A clamped to
+    <= 0 and dt_bias."""
     xo = b64 * L * H * P + hidx * P
     dto = b64 * L * H + hidx
-    bc_off = b64 * L * G * N + gidx * N
-    _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
-    rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, H * P, G * N, BLOCK_Q)
-    xv = tl.load(x_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-    yv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)
+    m = m_xp & live
+    xr = tl.load(x_ptr + xo + xy_off, mask=m, other=0.0)
+    if LOAD_Y:
+        yr = tl.load(y_ptr + xo + xy_off, mask=m, other=0.0)
+    else:
+        yr = xr  # (a stand-in: not read)
     if DO_F:
-        dtv, a, cs, _last_f, _tail_f = _chunk_decay(dt_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS,
-                                                    COMPUTE, BLOCK_Q)
+        dt1 = tl.load(dt_ptr + dto + rows * H, mask=mrow & live, other=0.0)
+    else:
+        dt1 = tl.load(dtb_ptr + dto + rows * H, mask=mrow & live, other=0.0)
+    if DO_F and DO_B and not SHARE:
+        dt2 = tl.load(dtb_ptr + dto + rows * H, mask=mrow & live, other=0.0)
+    else:
+        dt2 = dt1
+    _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
+    return xr, yr, dt1, dt2, A_h, bias
+
+
+@triton.jit
+def _fwd_pairs_cb(B_ptr, C_ptr, Bb_ptr, Cb_ptr, bc_off, bn_off, rows, mrow, offs_n, mask_n, m_bn, L, G, N: tl.constexpr,
+                  DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SHARE: tl.constexpr,
+                  COMPUTE: tl.constexpr):
+    """C B^T of the chunk for the forward pairs kernel's first direction and for its second (C_bwd B_bwd^T; the same
+    tile unless it runs both directions apart), with Hydra's shift of the C rows."""
+    if DO_F:
         Bv = tl.load(B_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
         Cv = _load_c(C_ptr + bc_off, rows, mrow, offs_n, mask_n, L, G * N, -1 if SHIFT else 0, COMPUTE)
+        cb1 = tl.dot(Cv, tl.trans(Bv))
+    else:
+        Bv = tl.load(Bb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+        Cv = _load_c(Cb_ptr + bc_off, rows, mrow, offs_n, mask_n, L, G * N, 1 if SHIFT else 0, COMPUTE)
+        cb1 = tl.dot(Cv, tl.trans(Bv))
+    if DO_F and DO_B and not SHARE:
+        Bv = tl.load(Bb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+        Cv = _load_c(Cb_ptr + bc_off, rows, mrow, offs_n, mask_n, L, G * N, 1 if SHIFT else 0, COMPUTE)
+        cb2 = tl.dot(Cv, tl.trans(Bv))
+    else:
+        cb2 = cb1
+    return cb1, cb2
+
+
+@triton.jit
+def _fwd_pairs_head(xv, dt1, dt2, A_h, bias, cb1, cb2, mrow, offs_q, tt, ss, dt_lo, dt_hi, DO_F: tl.constexpr,
+                    DO_B: tl.constexpr, SHIFT: tl.constexpr, SHARE: tl.constexpr, SOFTPLUS: tl.constexpr,
+                    BLOCK_Q: tl.constexpr):
+    """One head's in-chunk pairs of the forward: (C B^T . decay . dt) x summed over the directions (with SHARE both
+    in one tile); cb1 / dt1 are its first direction's, cb2 / dt2 its second's (the anti-causal direction of both)."""
+    if DO_F:
+        dtv, a, cs, _last_f, _tail_f = _decay_of_raw(dt1, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
         if SHARE:  # both directions' in-chunk pairs (see _pair_decay)
             decay = _pair_decay(cs, a, tt, ss)
         elif SHIFT:  # y_f[t] reads C[t-1] and the steps s+1..t-1
             decay = tl.exp(tl.where(tt > ss, (cs - a)[:, None] - cs[None, :], float("-inf")))
         else:
             decay = tl.exp(tl.where(tt >= ss, cs[:, None] - cs[None, :], float("-inf")))
-        yv += tl.dot(tl.dot(Cv, tl.trans(Bv)) * decay * dtv[None, :], xv)
-    if DO_B and not SHARE:
-        dtv, a, cs, _last_b, _tail_b = _chunk_decay(dtb_ptr + dto, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi,
-                                                    SOFTPLUS, COMPUTE, BLOCK_Q)
-        csx = cs - a
-        Bv = tl.load(Bb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-        Cv = _load_c(Cb_ptr + bc_off, rows, mrow, offs_n, mask_n, L, G * N, 1 if SHIFT else 0, COMPUTE)
-        if SHIFT:  # y_b[t] reads C_bwd[t+1] and the steps t+1..s-1
-            decay = tl.exp(tl.where(ss > tt, csx[None, :] - cs[:, None], float("-inf")))
-        else:
-            decay = tl.exp(tl.where(ss >= tt, csx[None, :] - csx[:, None], float("-inf")))
-        yv += tl.dot(tl.dot(Cv, tl.trans(Bv)) * decay * dtv[None, :], xv)
-    y_ptrs = y_ptr + xo + xy_off
-    tl.store(y_ptrs, (tl.load(y_ptrs, mask=m_xp, other=0.0).to(COMPUTE) + yv).to(y_ptr.dtype.element_ty), mask=m_xp)
+        yv = tl.dot(cb1 * decay * dtv[None, :], xv)
+        if DO_B and not SHARE:
+            yv += _fwd_pairs_anti(xv, dt2, A_h, bias, cb2, mrow, offs_q, tt, ss, dt_lo, dt_hi, SHIFT, SOFTPLUS, BLOCK_Q)
+    else:
+        yv = _fwd_pairs_anti(xv, dt1, A_h, bias, cb1, mrow, offs_q, tt, ss, dt_lo, dt_hi, SHIFT, SOFTPLUS, BLOCK_Q)
+    return yv
+
+
+@triton.jit
+def _fwd_pairs_anti(xv, dtr, A_h, bias, cb, mrow, offs_q, tt, ss, dt_lo, dt_hi, SHIFT: tl.constexpr,
+                    SOFTPLUS: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """The anti-causal direction's in-chunk pairs of one head in the forward (alone: not shared with the causal one)."""
+    dtv, a, cs, _last_b, _tail_b = _decay_of_raw(dtr, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
+    csx = cs - a
+    if SHIFT:  # y_b[t] reads C_bwd[t+1] and the steps t+1..s-1
+        decay = tl.exp(tl.where(ss > tt, csx[None, :] - cs[:, None], float("-inf")))
+    else:
+        decay = tl.exp(tl.where(ss >= tt, csx[None, :] - csx[:, None], float("-inf")))
+    return tl.dot(cb * decay * dtv[None, :], xv)
+
+
+@triton.jit
+def _bi_ssd_fwd_pairs_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, y_ptr,
+    L, H, G, HEADS, dt_lo, dt_hi,
+    P: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr,
+    DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SHARE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, GROUPED: tl.constexpr, COMPUTE: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """The forward's in-chunk pairs: no state, so all chunks run in parallel. Adds (C B^T . decay . dt) x of each
+    direction's pairs inside the chunk (with SHARE both in one tile) to the y that _bi_ssd_fwd_kernel (same BLOCK_Q:
+    the same chunks) wrote with the pairs across chunks and D x. One program per (batch * group * block of HEADS heads
+    of the group, block of headdim, chunk):
+      GROUPED=False (HEADS = 1): the head's x, dt, B, C loaded together, then the products;
+      GROUPED=True: C B^T, the same for every head of a group, computed once; the program walks its heads, loading
+        each head's x, y and dt one head ahead of their use (the first head's with B and C), so that no load waits on
+        the product before it. Its registers (255 on sm_90 at 64 x 64 tiles, against 168) cost more than the products
+        it saves at d_state 64 and below (triton_op.fwd_pairs_heads says where it runs).
+    The result does not depend on GROUPED or HEADS (each head's arithmetic is the same)."""
+    pid = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    c = tl.program_id(2)
+    R = H // G
+    nhb = tl.cdiv(R, HEADS)
+    hb = pid % nhb
+    gidx = (pid // nhb) % G
+    b64 = (pid // (nhb * G)).to(tl.int64)
+    h0 = gidx * R + hb * HEADS
+    offs_q, offs_p, offs_n, mask_p, mask_n = _tile_offsets(pid_p, P, N, BLOCK_Q, BLOCK_P, BLOCK_N)
+    tt = offs_q[:, None]
+    ss = offs_q[None, :]
+    bc_off = b64 * L * G * N + gidx * N
+    rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, H * P, G * N, BLOCK_Q)
+    xr, yr, dt1, dt2, A_h, bias = _fwd_pairs_head_in(x_ptr, y_ptr, dt_ptr, dtb_ptr, A_ptr, bias_ptr, b64, h0, True, L, H,
+                                                     rows, mrow, xy_off, m_xp, P, DO_F, DO_B, SHARE, HAS_BIAS, COMPUTE,
+                                                     GROUPED)
+    cb1, cb2 = _fwd_pairs_cb(B_ptr, C_ptr, Bb_ptr, Cb_ptr, bc_off, bn_off, rows, mrow, offs_n, mask_n, m_bn, L, G, N,
+                             DO_F, DO_B, SHIFT, SHARE, COMPUTE)
+    if GROUPED:
+        h_last = h0 + tl.minimum(HEADS, R - hb * HEADS) - 1
+        for hidx in range(h0, h_last + 1):
+            xv = xr.to(COMPUTE)
+            y_old = yr
+            d1 = dt1.to(COMPUTE)
+            d2 = dt2.to(COMPUTE)
+            A_j = A_h
+            bias_j = bias
+            # the next head's inputs (none after the last)
+            xr, yr, dt1, dt2, A_h, bias = _fwd_pairs_head_in(x_ptr, y_ptr, dt_ptr, dtb_ptr, A_ptr, bias_ptr, b64,
+                                                             tl.minimum(hidx + 1, h_last), hidx < h_last, L, H, rows,
+                                                             mrow, xy_off, m_xp, P, DO_F, DO_B, SHARE, HAS_BIAS,
+                                                             COMPUTE, True)
+            yv = _fwd_pairs_head(xv, d1, d2, A_j, bias_j, cb1, cb2, mrow, offs_q, tt, ss, dt_lo, dt_hi, DO_F, DO_B,
+                                 SHIFT, SHARE, SOFTPLUS, BLOCK_Q)
+            tl.store(y_ptr + b64 * L * H * P + hidx * P + xy_off, (y_old.to(COMPUTE) + yv).to(y_ptr.dtype.element_ty),
+                     mask=m_xp)
+    else:
+        yv = _fwd_pairs_head(xr.to(COMPUTE), dt1.to(COMPUTE), dt2.to(COMPUTE), A_h, bias, cb1, cb2, mrow, offs_q, tt, ss,
+                             dt_lo, dt_hi, DO_F, DO_B, SHIFT, SHARE, SOFTPLUS, BLOCK_Q)
+        y_ptrs = y_ptr + b64 * L * H * P + h0 * P + xy_off
+        tl.store(y_ptrs, (tl.load(y_ptrs, mask=m_xp, other=0.0).to(COMPUTE) + yv).to(y_ptr.dtype.element_ty), mask=m_xp)
 
 
 @triton.jit

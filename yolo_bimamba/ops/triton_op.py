@@ -32,7 +32,8 @@ from .validate import kernel_tile, validate_bi_ssd
 __all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE_CONFIGS", "PAIRS_CONFIGS"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_forced = {"fwd": None, "bwd": None, "state": None, "pairs": None, "seg": None, "split": None, "ordered": None}
+_forced = {"fwd": None, "bwd": None, "state": None, "pairs": None, "seg": None, "split": None, "ordered": None,
+           "fwd_heads": None}
 # "both" directions: the backward's segment kernel runs once per direction (the second launch adds to the first's
 # dx, dB, dC) instead of once with both directions in one program (fewer registers per program). "auto" (default):
 # two launches, except in BiMamba2 mode (SHARE) with headdim and d_state <= 64, where the one launch reuses the causal
@@ -54,6 +55,9 @@ _ORDERED_ROWS = os.environ.get("YOLO_BIMAMBA_ORDERED_ROWS", "0").strip().lower()
 # 4 and 8 on an H200 at every shape of benchmarks/profile_gpu.py (fewer segments: a shorter state-kernel walk and fewer
 # boundary states), e.g. b16 L1600 h8 fwd+bwd 1.89 / 2.12 / 2.04 ms GPU time (benchmarks/results/prof-*.json)
 _PROGRAMS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_PROGRAMS_PER_SM", "2"))
+# the forward's in-chunk pairs kernel: at least this many programs per SM before it walks more than one head per
+# program (fwd_pairs_heads)
+_FWD_PAIRS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_FWD_PAIRS_PER_SM", "4"))
 # YOLO_BIMAMBA_AUTOTUNE=0: no autotuning (no compile of every config on first use); default_config's configs are used
 _AUTOTUNE = os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1") not in ("", "0")
 DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 3, "pairs": 0}
@@ -106,7 +110,7 @@ _PAIRS_KEY = [k for k in _KEY if k not in ("HAS_D", "D_PER_P")]  # (D is the seg
 _fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=[k for k in _KEY if k != "SHARE"], **_BENCH)(_bi_ssd_fwd_kernel)
 # the forward's in-chunk pairs add to the y the forward kernel wrote: timed on a copy restored after every timed call
 _fwd_pairs_tuned = triton.autotune(
-    configs=PAIRS_CONFIGS, key=_PAIRS_KEY + ["BLOCK_Q", "BLOCK_P"],
+    configs=PAIRS_CONFIGS, key=_PAIRS_KEY + ["GROUPED", "BLOCK_Q", "BLOCK_P"],
     restore_value=["y_ptr"], **_BENCH,
 )(_bi_ssd_fwd_pairs_kernel)
 # the backward adds to dx (and dB, dC) that an earlier launch wrote (ACC): the autotuner times each config on copies
@@ -145,18 +149,23 @@ def interpreter_autotune():
 
 @contextlib.contextmanager
 def force_config(fwd: int | None = None, bwd: int | None = None, state: int | None = None, seg: int | None = None,
-                 split: bool | None = None, pairs: int | None = None, ordered: bool | None = None):
+                 split: bool | None = None, pairs: int | None = None, ordered: bool | None = None,
+                 fwd_heads: int | None = None):
     """Run the kernels with ``FWD_CONFIGS[fwd]`` / ``BWD_CONFIGS[bwd]`` / ``STATE_CONFIGS[state]`` /
     ``PAIRS_CONFIGS[pairs]`` instead of
     autotuning, with segments of ``seg`` rows (a multiple of ``SEG_MULTIPLE``), and (``split``) with the backward's
     two directions in two launches (True) or one (False), (``ordered``) with dB, dC summed over a group's heads
-    in the segment kernel in head order (True; needs two launches) or per head (False). Arguments left ``None``
+    in the segment kernel in head order (True; needs two launches) or per head (False), (``fwd_heads``) with that
+    many heads per program of the forward's in-chunk pairs kernel (at most a group's). Arguments left ``None``
     keep what an enclosing
     ``force_config`` set (nested calls add to each other)."""
     if seg is not None and (seg < SEG_MULTIPLE or seg % SEG_MULTIPLE):
         raise ValueError(f"seg must be a positive multiple of {SEG_MULTIPLE}, got {seg}")
     old = dict(_forced)
-    given = dict(fwd=fwd, bwd=bwd, state=state, pairs=pairs, seg=seg, split=split, ordered=ordered)
+    if fwd_heads is not None and fwd_heads < 1:
+        raise ValueError(f"fwd_heads must be >= 1, got {fwd_heads}")
+    given = dict(fwd=fwd, bwd=bwd, state=state, pairs=pairs, seg=seg, split=split, ordered=ordered,
+                 fwd_heads=fwd_heads)
     _forced.update({k: v for k, v in given.items() if v is not None})
     try:
         yield
@@ -180,6 +189,23 @@ def sm_count(device) -> int:
     if device.type != "cuda":
         return 4
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def fwd_pairs_heads(b, g, heads_per_group, tiles, n, device) -> int:
+    """Heads per program of the forward's in-chunk pairs kernel (``tiles``: its headdim blocks x chunks): above 1 it
+    computes a chunk's C B^T once and walks its heads, loading each one head ahead (GROUPED). That pays where C B^T is
+    the larger product, at d_state (``n``) 128 and up: on an H200 (bf16, both directions) the kernel took 0.69 ms
+    instead of 1.06 at the LM shape (b8 L8192 h32 p64 n128, 32 heads per program), but 0.087 instead of 0.074 at
+    b16 L1600 h8 p64 n64 (its registers), and 0.088-0.098 against 0.093 at b32 L1600 h8 p32 n32
+    (benchmarks/results/session25). There, the whole group where that leaves at least ``_FWD_PAIRS_PER_SM`` programs
+    per SM, fewer heads (the group cut into equal blocks) where it does not; one head below d_state 128."""
+    if _forced["fwd_heads"] is not None:
+        return max(1, min(_forced["fwd_heads"], heads_per_group))
+    if kernel_tile(n) < 128:
+        return 1
+    per_group = b * g * tiles  # programs with a whole group each
+    blocks = max(1, min(heads_per_group, _cdiv(int(_FWD_PAIRS_PER_SM * sm_count(device)), per_group)))
+    return _cdiv(heads_per_group, blocks)
 
 
 def segment_rows(b, h, L, device) -> int:
@@ -380,10 +406,12 @@ class _BiSSDFn(torch.autograd.Function):
                        dict(common, HAS_D=has_d, D_PER_P=has_d and D.dim() == 2))
         # the in-chunk pairs, in the chunks and headdim blocks of the forward kernel's config
         q, bp = _chunk_tile(used, "forward")
+        # (C B^T once per program, for each of its heads: fwd_pairs_heads)
+        heads = fwd_pairs_heads(b, g, h // g, _cdiv(p, bp) * _cdiv(l, q), n, x.device)
         _launch(_bi_ssd_fwd_pairs_kernel, _fwd_pairs_tuned, PAIRS_CONFIGS, "pairs",
-                lambda meta: (b * h, _cdiv(p, bp), _cdiv(l, q)),
-                (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, y, l, h, g, lo, hi),
-                dict(common, SHARE=_shares(opts, separate), BLOCK_Q=q, BLOCK_P=bp))
+                lambda meta: (b * g * _cdiv(h // g, heads), _cdiv(p, bp), _cdiv(l, q)),
+                (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, y, l, h, g, heads, lo, hi),
+                dict(common, SHARE=_shares(opts, separate), GROUPED=heads > 1, BLOCK_Q=q, BLOCK_P=bp))
         ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd,
                               st if wants_grad and nseg > 1 else None)
         ctx.opts, ctx.seg = opts, seg
