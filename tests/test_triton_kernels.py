@@ -215,19 +215,22 @@ def test_every_bwd_config(bi):
 def test_every_pairs_config(pi):
     """The forward's and the backward's in-chunk pairs kernels under each of their configs, in both chunk sizes of the
     backward (its segment kernel's BLOCK_Q) and every forward tile (BLOCK_Q, BLOCK_P), in BiMamba2, Hydra and
-    one-direction modes."""
+    one-direction modes; the forward one also walking a group's heads."""
     cases = [(_first_with_q(BWD_CONFIGS, 32), 40, dict(direction="both")),
              (_first_with_q(BWD_CONFIGS, 64), 70, dict(direction="both", shift=True, sep=True, g=2, h=4)),
              (_first_with_q(BWD_CONFIGS, 32), 33, dict(direction="backward", d_shape="hp")),
              # one head per group: no per-head buffers, the pairs kernel adds to the segment kernel's dB, dC in place
              (_first_with_q(BWD_CONFIGS, 32), 45, dict(direction="both", g=2, h=2)),
              (_first_with_q(BWD_CONFIGS, 64), 66, dict(direction="both", shift=True, sep=True, g=2, h=2))]
-    for bi, l, opt in cases:
+    # the forward pairs kernel walking a group's heads (GROUPED, two per program: blocks 2 + 1), both modes
+    grouped = [(_first_with_q(BWD_CONFIGS, 32), 41, dict(direction="both", h=3)),
+               (_first_with_q(BWD_CONFIGS, 32), 37, dict(direction="both", shift=True, sep=True, h=3))]
+    for (bi, l, opt), heads in [(c, None) for c in cases] + [(c, 2) for c in grouped]:
         opt = dict(opt)
         direction, shift = opt.pop("direction"), opt.pop("shift", False)
         args, kw = make_inputs(l=l, seed=l + pi, **opt)
         kw.update(direction=direction, shift=shift)
-        with force_config(pairs=pi):
+        with force_config(pairs=pi, fwd_heads=heads):
             check_case(args, kw, (bi + pi) % len(FWD_CONFIGS), bi)
 
 

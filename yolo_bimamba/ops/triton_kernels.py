@@ -460,16 +460,26 @@ def _fwd_pairs_head_in(x_ptr, y_ptr, dt_ptr, dtb_ptr, A_ptr, bias_ptr, b64, hidx
         yr = tl.load(y_ptr + xo + xy_off, mask=m, other=0.0)
     else:
         yr = xr  # (a stand-in: not read)
+    m_dt = mrow & live
     if DO_F:
-        dt1 = tl.load(dt_ptr + dto + rows * H, mask=mrow & live, other=0.0)
+        dt1 = tl.load(dt_ptr + dto + rows * H, mask=m_dt, other=0.0)
     else:
-        dt1 = tl.load(dtb_ptr + dto + rows * H, mask=mrow & live, other=0.0)
+        dt1 = tl.load(dtb_ptr + dto + rows * H, mask=m_dt, other=0.0)
     if DO_F and DO_B and not SHARE:
-        dt2 = tl.load(dtb_ptr + dto + rows * H, mask=mrow & live, other=0.0)
+        dt2 = tl.load(dtb_ptr + dto + rows * H, mask=m_dt, other=0.0)
     else:
         dt2 = dt1
     _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
     return xr, yr, dt1, dt2, A_h, bias
+
+
+@triton.jit
+def _chunk_cb(B_ptr, C_ptr, bc_off, bn_off, rows, mrow, offs_n, mask_n, m_bn, L, bstride, C_SHIFT: tl.constexpr,
+              COMPUTE: tl.constexpr):
+    """C B^T of a chunk, the C rows at offset C_SHIFT (_load_c)."""
+    Bv = tl.load(B_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+    Cv = _load_c(C_ptr + bc_off, rows, mrow, offs_n, mask_n, L, bstride, C_SHIFT, COMPUTE)
+    return tl.dot(Cv, tl.trans(Bv))
 
 
 @triton.jit
@@ -479,17 +489,14 @@ def _fwd_pairs_cb(B_ptr, C_ptr, Bb_ptr, Cb_ptr, bc_off, bn_off, rows, mrow, offs
     """C B^T of the chunk for the forward pairs kernel's first direction and for its second (C_bwd B_bwd^T; the same
     tile unless it runs both directions apart), with Hydra's shift of the C rows."""
     if DO_F:
-        Bv = tl.load(B_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-        Cv = _load_c(C_ptr + bc_off, rows, mrow, offs_n, mask_n, L, G * N, -1 if SHIFT else 0, COMPUTE)
-        cb1 = tl.dot(Cv, tl.trans(Bv))
+        cb1 = _chunk_cb(B_ptr, C_ptr, bc_off, bn_off, rows, mrow, offs_n, mask_n, m_bn, L, G * N, -1 if SHIFT else 0,
+                        COMPUTE)
     else:
-        Bv = tl.load(Bb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-        Cv = _load_c(Cb_ptr + bc_off, rows, mrow, offs_n, mask_n, L, G * N, 1 if SHIFT else 0, COMPUTE)
-        cb1 = tl.dot(Cv, tl.trans(Bv))
+        cb1 = _chunk_cb(Bb_ptr, Cb_ptr, bc_off, bn_off, rows, mrow, offs_n, mask_n, m_bn, L, G * N, 1 if SHIFT else 0,
+                        COMPUTE)
     if DO_F and DO_B and not SHARE:
-        Bv = tl.load(Bb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-        Cv = _load_c(Cb_ptr + bc_off, rows, mrow, offs_n, mask_n, L, G * N, 1 if SHIFT else 0, COMPUTE)
-        cb2 = tl.dot(Cv, tl.trans(Bv))
+        cb2 = _chunk_cb(Bb_ptr, Cb_ptr, bc_off, bn_off, rows, mrow, offs_n, mask_n, m_bn, L, G * N, 1 if SHIFT else 0,
+                        COMPUTE)
     else:
         cb2 = cb1
     return cb1, cb2
