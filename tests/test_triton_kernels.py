@@ -261,6 +261,96 @@ def test_fwd_pairs_heads_per_program(mode):
         check_case(args, kw, fi, 0)
 
 
+
+_BWD_PAIRS_AHEAD_MODES = [(dict(direction="both", g=2, h=6), 32),
+                          (dict(direction="both", shift=True, sep=True, h=3), 64),
+                          (dict(direction="backward", g=1, h=3), 32), (dict(direction="both", g=2, h=2), 64)]
+
+
+@pytest.mark.parametrize("mode", range(len(_BWD_PAIRS_AHEAD_MODES)))
+def test_bwd_pairs_ahead(mode):
+    """The backward's in-chunk pairs kernel with each head's inputs loaded one head ahead (AHEAD bit 1) and the rows it
+    adds to loaded before its products (bit 2): every gradient is the same, bit for bit, with each of the four
+    combinations, in BiMamba2 (three heads per group), Hydra, one-direction and one-head-per-group modes, in chunks of
+    32 and 64 with a partial last chunk; and the op matches the float64 reference with each."""
+    opt, q = _BWD_PAIRS_AHEAD_MODES[mode]
+    opt = dict(opt)
+    direction, shift = opt.pop("direction"), opt.pop("shift", False)
+    bi = _first_with_q(BWD_CONFIGS, q)
+    args, kw = make_inputs(l=2 * q + 7, seed=70 + mode, **opt)
+    kw.update(direction=direction, shift=shift)
+    dy = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(args[0].dtype)
+    grads = {}
+    for ahead in range(4):
+        with force_config(pairs_ahead=ahead):
+            assert triton_op.bwd_pairs_ahead(16, 16) == ahead
+            _y, grads[ahead], guards_ok = run_triton(args, kw, dy, 0, bi)
+        assert guards_ok, ahead
+    for name, g0 in grads[0].items():
+        assert g0 is None or torch.isfinite(g0).all(), name
+        for ahead in (1, 2, 3):
+            g = grads[ahead][name]
+            assert (g is None and g0 is None) or torch.equal(g, g0), (ahead, name)
+    for ahead in (0, 1, 2):  # (3, the default at these sizes, is every other test's)
+        with force_config(pairs_ahead=ahead):
+            check_case(args, kw, 0, bi)
+
+
+
+_FWD_AHEAD_MODES = [dict(direction="both", g=2, h=4), dict(direction="both", shift=True, sep=True),
+                    dict(direction="forward", d_shape="h"), dict(direction="backward", shift=True)]
+
+
+@pytest.mark.parametrize("mode", range(len(_FWD_AHEAD_MODES)))
+def test_fwd_ahead(mode):
+    """The forward kernel with its loads moved ahead (fwd_ahead_bits: its chunk inputs one chunk ahead, its
+    anti-causal pass's early read of y): y is the same, bit for bit, with each of the four combinations, in BiMamba2,
+    Hydra and one-direction modes, over several segments, two headdim blocks and a partial last chunk, under the
+    forward configs of both chunk sizes; and the op matches the float64 reference with the loads at their use (0)."""
+    opt = dict(_FWD_AHEAD_MODES[mode])
+    direction, shift = opt.pop("direction"), opt.pop("shift", False)
+    args, kw = make_inputs(l=2 * SEG_MULTIPLE + 37, p=40, seed=90 + mode, **opt)
+    kw.update(direction=direction, shift=shift)
+    for fi in (_first_with_q(FWD_CONFIGS, 32), _first_with_q(FWD_CONFIGS, 64)):
+        assert FWD_CONFIGS[fi].kwargs["BLOCK_P"] < 40  # two headdim blocks
+        ys = {}
+        for bits in range(4):
+            with force_config(fwd=fi, seg=SEG_MULTIPLE, fwd_ahead=bits), torch.no_grad(), \
+                    triton_op.poison_outputs(True):
+                assert triton_op.fwd_ahead_bits(16, 16) == bits
+                ys[bits] = bi_ssd_triton(*args, **kw)
+        assert torch.isfinite(ys[0]).all()
+        for bits in range(1, 4):
+            assert torch.equal(ys[bits], ys[0]), (fi, bits)
+    with force_config(fwd_ahead=0):
+        check_case(args, kw, 0, 0)
+    with pytest.raises(ValueError, match="fwd_ahead"):
+        with force_config(fwd_ahead=4):
+            pass
+
+
+
+def test_fwd_ahead_rule():
+    """The forward kernel's loads ahead up to d_state 64, none above (forced values are taken as they are)."""
+    rule = triton_op.fwd_ahead_bits
+    assert rule(16, 16) == rule(64, 64) == rule(128, 64) == rule(64, 33) == 3
+    assert rule(64, 128) == rule(32, 65) == rule(64, 256) == 0
+    with force_config(fwd_ahead=1):
+        assert rule(64, 128) == 1
+
+def test_bwd_pairs_ahead_rule():
+    """The rows a head adds to loaded early at every size, its inputs one head ahead up to tiles of 32 x 32; forced
+    values are taken as they are, and only 0-3."""
+    rule = triton_op.bwd_pairs_ahead
+    assert rule(16, 16) == rule(32, 32) == rule(24, 20) == 3
+    assert rule(64, 32) == rule(32, 64) == rule(64, 64) == rule(64, 128) == 2
+    with force_config(pairs_ahead=0):
+        assert rule(32, 32) == 0
+    with pytest.raises(ValueError, match="pairs_ahead"):
+        with force_config(pairs_ahead=4):
+            pass
+
+
 def test_fwd_pairs_heads_rule():
     """From d_state 128: whole groups per program where that leaves 4 programs per SM (the interpreter's 4 SMs: 16),
     equal blocks of the group where it does not, one head where even one head per program leaves too few; one head
@@ -655,7 +745,8 @@ def test_force_config_nests():
     with force_config(state=1, seg=2 * SEG_MULTIPLE, split=False):
         with force_config(fwd=0, bwd=0):
             assert triton_op._forced == dict(fwd=0, bwd=0, state=1, pairs=None, seg=2 * SEG_MULTIPLE, split=False,
-                                             ordered=None, fwd_heads=None)
+                                             ordered=None, fwd_heads=None, pairs_ahead=None,
+                                             fwd_ahead=None)
             assert triton_op.segment_rows(1, 1, 10 * SEG_MULTIPLE, torch.device(DEV)) == 2 * SEG_MULTIPLE
         assert triton_op._forced["fwd"] is None and triton_op._forced["seg"] == 2 * SEG_MULTIPLE
     assert all(v is None for v in triton_op._forced.values())

@@ -14,7 +14,8 @@ backward. With one segment no state kernel runs and the segment kernels start fr
 Forward, two kernels: _bi_ssd_fwd_kernel, one program per (batch * head, block of headdim, segment), does the
 state terms (pairs across chunks) and D x. It walks its chunks forward (causal pass) with the state S (d_state x
 headdim, fp32) on chip, entered with the boundary state, and writes y, then walks them backward (anti-causal pass)
-with its own state, reads y back and adds. _bi_ssd_fwd_pairs_kernel, one program per (batch * head, block of
+with its own state, reads y back and adds (up to d_state 64 it loads each chunk's dt, x and C one chunk ahead, and
+reads y back before the chunk's products: AHEAD). _bi_ssd_fwd_pairs_kernel, one program per (batch * head, block of
 headdim, chunk), then adds the pairs inside each chunk (no state: all chunks in parallel; in the chunks and headdim
 blocks of the forward kernel's config); from d_state 128 a program walks a block of a group's heads with the chunk's
 C B^T computed once (GROUPED). The reverse direction is index arithmetic; there is no flip or copy of any
@@ -37,10 +38,12 @@ Backward, three kernels (and the state kernel):
     them, ACC=True), or as one (triton_op._split_directions); the sum stays ordered, so results are bitwise
     reproducible. dD comes from per-(batch, head, segment) partials of the first launch.
   _bi_ssd_bwd_pairs_kernel, the pairs inside a chunk, one program per (batch * group, chunk), walking the group's
-    heads: no state, so all chunks run in parallel. The in-chunk pair tiles were most of the registers of the one
-    backward kernel there was before (255 and spills on sm_90 at headdim = d_state = 32; apart, neither kernel
-    spills). It adds its terms to dx and the scratch, writes the in-chunk pairs' share of the log-decay gradients as
-    finished per-position values (a local telescoping of one pair tile's row and column sums), and stores dB, dC:
+    heads: no state, so all chunks run in parallel. It loads the rows a head adds to before the head's products, and
+    at tiles up to 32 x 32 each head's inputs one head ahead (AHEAD). The in-chunk pair tiles were most of the
+    registers of the one backward kernel there was before (255 and spills on sm_90 at headdim = d_state = 32; apart,
+    neither kernel spills). It adds its terms to dx and the scratch, writes the in-chunk pairs' share of the log-decay
+    gradients as finished per-position values (a local telescoping of one pair tile's row and column sums), and
+    stores dB, dC:
     with ngroups < nheads the segment kernel writes them per head (in the dtype of dx: bf16 for bf16 inputs) and
     this kernel sums them over each group's heads, in head order, in fp32, with C B^T computed once per group. The
     in-chunk pairs' own dB, dC terms are products of a pair tile with the group's C and B, so the heads' pair tiles
@@ -356,10 +359,13 @@ def _bi_ssd_fwd_kernel(
     P: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr,
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr,
     HAS_D: tl.constexpr, D_PER_P: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-    COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
+    COMPUTE: tl.constexpr, AHEAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     """The forward's state terms (pairs across chunks) and D x, one program per (batch * head, block of headdim,
-    segment); _bi_ssd_fwd_pairs_kernel adds the pairs inside each chunk afterwards."""
+    segment); _bi_ssd_fwd_pairs_kernel adds the pairs inside each chunk afterwards. AHEAD (bits): 1, each chunk's dt,
+    x and C are loaded one chunk ahead of their use (B is loaded at its use, after the read-out); 2, with both
+    directions, the anti-causal pass reads the causal pass's y of a chunk before the chunk's products, not after them.
+    The result is the same (the same arithmetic)."""
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
     seg = tl.program_id(2)
@@ -386,13 +392,28 @@ def _bi_ssd_fwd_kernel(
     tile = offs_n[:, None] * P + offs_p[None, :]
     m_st = mask_n[:, None] & mask_p[None, :]
 
+    IN_AHEAD: tl.constexpr = AHEAD % 2 == 1
+    Y_EARLY: tl.constexpr = AHEAD >= 2
     if DO_F:
         S = _entry_state(st_ptr, pid_bh, seg, nseg, tile, m_st, 0, N, P).to(COMPUTE)
+        if IN_AHEAD:  # the first chunk's dt, x, C
+            n_dt, n_x, n_C = _fwd_chunk_in(dt_base, x_base, C_ptr + bc_off, c0 * BLOCK_Q + offs_q, offs_p, mask_p,
+                                           offs_n, mask_n, L, H, H * P, G * N, -1 if SHIFT else 0)
         for c in range(c0, c1):
             rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, H * P, G * N, BLOCK_Q)
-            dtv, a, cs, cs_last, tail = _chunk_decay(dt_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
-            xv = tl.load(x_base + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-            Cv = _load_c(C_ptr + bc_off, rows, mrow, offs_n, mask_n, L, G * N, -1 if SHIFT else 0, COMPUTE)
+            if IN_AHEAD:
+                r_dt = n_dt
+                r_x = n_x
+                r_C = n_C
+                n_dt, n_x, n_C = _fwd_chunk_in(dt_base, x_base, C_ptr + bc_off, rows + BLOCK_Q, offs_p, mask_p,
+                                               offs_n, mask_n, L, H, H * P, G * N, -1 if SHIFT else 0)
+            else:
+                r_dt, r_x, r_C = _fwd_chunk_in(dt_base, x_base, C_ptr + bc_off, rows, offs_p, mask_p, offs_n, mask_n, L,
+                                               H, H * P, G * N, -1 if SHIFT else 0)
+            dtv, a, cs, cs_last, tail = _decay_of_raw(r_dt.to(COMPUTE), bias, A_h, mrow, offs_q, dt_lo, dt_hi,
+                                                      SOFTPLUS, BLOCK_Q)
+            xv = r_x.to(COMPUTE)
+            Cv = r_C.to(COMPUTE)
             # from the chunk's start to row t: steps ..t (rowd = cs), with the shift ..t-1 (C_{t-1} reads the state
             # of row t-1)
             rowd = cs - a if SHIFT else cs
@@ -412,13 +433,29 @@ def _bi_ssd_fwd_kernel(
         if DO_F:
             tl.debug_barrier()
         Sb = _entry_state(st_ptr, pid_bh, seg, nseg, tile, m_st, 1, N, P).to(COMPUTE)
+        if IN_AHEAD:  # the last chunk's dt, x, C
+            n_dt, n_x, n_C = _fwd_chunk_in(dtb_base, x_base, Cb_ptr + bc_off, (c1 - 1) * BLOCK_Q + offs_q, offs_p,
+                                           mask_p, offs_n, mask_n, L, H, H * P, G * N, 1 if SHIFT else 0)
         for ci in range(0, c1 - c0):
             c = c1 - 1 - ci
             rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, H * P, G * N, BLOCK_Q)
-            dtv, a, cs, cs_last, tail = _chunk_decay(dtb_base, bias, A_h, rows, mrow, offs_q, H, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+            y_ptrs = y_base + xy_off
+            if DO_F and Y_EARLY:  # the causal pass's y of these rows, read before the chunk's products
+                y_old = tl.load(y_ptrs, mask=m_xp, other=0.0)
+            if IN_AHEAD:
+                r_dt = n_dt
+                r_x = n_x
+                r_C = n_C
+                n_dt, n_x, n_C = _fwd_chunk_in(dtb_base, x_base, Cb_ptr + bc_off, rows - BLOCK_Q, offs_p, mask_p,
+                                               offs_n, mask_n, L, H, H * P, G * N, 1 if SHIFT else 0)
+            else:
+                r_dt, r_x, r_C = _fwd_chunk_in(dtb_base, x_base, Cb_ptr + bc_off, rows, offs_p, mask_p, offs_n, mask_n,
+                                               L, H, H * P, G * N, 1 if SHIFT else 0)
+            dtv, a, cs, cs_last, tail = _decay_of_raw(r_dt.to(COMPUTE), bias, A_h, mrow, offs_q, dt_lo, dt_hi,
+                                                      SOFTPLUS, BLOCK_Q)
             csx = cs - a
-            xv = tl.load(x_base + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
-            Cv = _load_c(Cb_ptr + bc_off, rows, mrow, offs_n, mask_n, L, G * N, 1 if SHIFT else 0, COMPUTE)
+            xv = r_x.to(COMPUTE)
+            Cv = r_C.to(COMPUTE)
             # from row t to the chunk's end: steps t.. (tail), with the shift t+1.. (C_{t+1} reads the state of row t+1)
             yv = tl.exp(tail - a if SHIFT else tail)[:, None] * tl.dot(Cv, Sb)
             Bv = tl.load(Bb_ptr + bc_off + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
@@ -429,10 +466,25 @@ def _bi_ssd_fwd_kernel(
                     yv += Dv[None, :] * xv
                 else:
                     yv += Dv * xv
-            y_ptrs = y_base + xy_off
             if DO_F:
-                yv += tl.load(y_ptrs, mask=m_xp, other=0.0).to(COMPUTE)
+                if Y_EARLY:
+                    yv += y_old.to(COMPUTE)
+                else:
+                    yv += tl.load(y_ptrs, mask=m_xp, other=0.0).to(COMPUTE)
             tl.store(y_ptrs, yv.to(y_ptr.dtype.element_ty), mask=m_xp)
+
+
+@triton.jit
+def _fwd_chunk_in(dt_base, x_base, C_base, rows, offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride,
+                  C_SHIFT: tl.constexpr):
+    """A chunk's dt, x and the C rows its outputs read (C[t + C_SHIFT], _load_c) as stored, 0 outside [0, L)."""
+    ok = (rows >= 0) & (rows < L)
+    dtr = tl.load(dt_base + rows * H, mask=ok, other=0.0)
+    xr = tl.load(x_base + rows[:, None] * xstride + offs_p[None, :], mask=ok[:, None] & mask_p[None, :], other=0.0)
+    r = rows + C_SHIFT
+    m_c = (ok & (r >= 0) & (r < L))[:, None] & mask_n[None, :]
+    Cr = tl.load(C_base + r[:, None] * bstride + offs_n[None, :], mask=m_c, other=0.0)
+    return dtr, xr, Cr
 
 
 @triton.jit
@@ -550,7 +602,8 @@ def _bi_ssd_fwd_pairs_kernel(
     direction's pairs inside the chunk (with SHARE both in one tile) to the y that _bi_ssd_fwd_kernel (same BLOCK_Q:
     the same chunks) wrote with the pairs across chunks and D x. One program per (batch * group * block of HEADS heads
     of the group, block of headdim, chunk):
-      GROUPED=False (HEADS = 1): the head's x, dt, B, C loaded together, then the products;
+      GROUPED=False (HEADS = 1): the head's x, dt, B, C loaded together, then the products (y loaded with them was
+        slower on an H200: 0.060 against 0.054 ms at b16 L1600 h8 p64 n64, one direction; benchmarks/results/session26);
       GROUPED=True: C B^T, the same for every head of a group, computed once; the program walks its heads, loading
         each head's x, y and dt one head ahead of their use (the first head's with B and C), so that no load waits on
         the product before it. Its registers (255 on sm_90 at 64 x 64 tiles, against 168) cost more than the products
@@ -759,9 +812,15 @@ def _dir_chunk(raw_dt, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs
 @triton.jit
 def _dz_tile(dy_ptr, rows, mrow, offs_p, mask_p, L, xstride, DZ_SHIFT: tl.constexpr, COMPUTE: tl.constexpr):
     """The gradient dz of a direction's unshifted output at rows: dy at rows + DZ_SHIFT (see _ahead_in), 0 outside."""
+    return _dz_raw(dy_ptr, rows, mrow, offs_p, mask_p, L, xstride, DZ_SHIFT).to(COMPUTE)
+
+
+@triton.jit
+def _dz_raw(dy_ptr, rows, mrow, offs_p, mask_p, L, xstride, DZ_SHIFT: tl.constexpr):
+    """_dz_tile as stored."""
     r = rows + DZ_SHIFT
     m_z = (mrow & (r >= 0) & (r < L))[:, None] & mask_p[None, :]
-    return tl.load(dy_ptr + r[:, None] * xstride + offs_p[None, :], mask=m_z, other=0.0).to(COMPUTE)
+    return tl.load(dy_ptr + r[:, None] * xstride + offs_p[None, :], mask=m_z, other=0.0)
 
 
 @triton.jit
@@ -1140,6 +1199,35 @@ def _chunk_pairs(xv, dtv, a, cs, CB, cb_diag, dz, tt, ss, MODE: tl.constexpr, DO
 
 
 @triton.jit
+def _bwd_pairs_head_in(x_ptr, dt_ptr, dtb_ptr, dy_ptr, A_ptr, bias_ptr, b64, hidx, live, L, H, rows, mrow, offs_p,
+                       mask_p, P: tl.constexpr, DO_F: tl.constexpr, DO_B: tl.constexpr, SH_F: tl.constexpr,
+                       SH_B: tl.constexpr, SHARE: tl.constexpr, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
+    """What the backward pairs kernel reads of head hidx, as stored (zeros where not live: past the program's last
+    head, whose index is then clamped for the scalars): x; the causal direction's dt and dz (dy at offset SH_F) and the
+    anti-causal direction's own (dt_bwd, dy at SH_B; without SHARE), scalar stand-ins for a direction that does not
+    run here; A clamped to <= 0 and dt_bias."""
+    xo = b64 * L * H * P + hidx * P
+    dto = b64 * L * H + hidx
+    mlive = mrow & live
+    m_xp = mlive[:, None] & mask_p[None, :]
+    xr = tl.load(x_ptr + xo + rows[:, None] * (H * P) + offs_p[None, :], mask=m_xp, other=0.0)
+    if DO_F:
+        f_dt = tl.load(dt_ptr + dto + rows * H, mask=mlive, other=0.0)
+        f_dz = _dz_raw(dy_ptr + xo, rows, mlive, offs_p, mask_p, L, H * P, SH_F)
+    else:
+        f_dt = 0.0
+        f_dz = 0.0
+    if DO_B and not SHARE:
+        b_dt = tl.load(dtb_ptr + dto + rows * H, mask=mlive, other=0.0)
+        b_dz = _dz_raw(dy_ptr + xo, rows, mlive, offs_p, mask_p, L, H * P, SH_B)
+    else:
+        b_dt = 0.0
+        b_dz = 0.0
+    _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
+    return xr, f_dt, f_dz, b_dt, b_dz, A_h, bias
+
+
+@triton.jit
 def _bi_ssd_bwd_pairs_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, dy_ptr,
     dx_ptr, dB_ptr, dC_ptr, dBb_ptr, dCb_ptr, oB_ptr, oC_ptr, oBb_ptr, oCb_ptr, scr_ptr,
@@ -1147,7 +1235,7 @@ def _bi_ssd_bwd_pairs_kernel(
     P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SEPARATE: tl.constexpr, SHARE: tl.constexpr,
     HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, GRAD_PER_HEAD: tl.constexpr, COMPUTE: tl.constexpr,
-    DOT_MID: tl.constexpr, DOT_IN: tl.constexpr, DOT_LO: tl.constexpr, BLOCK_Q: tl.constexpr,
+    DOT_MID: tl.constexpr, DOT_IN: tl.constexpr, DOT_LO: tl.constexpr, AHEAD: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
     """The backward's in-chunk pairs, one program per (batch * group, chunk): no state, so every chunk runs in
     parallel. It walks the group's heads in order; for each it adds to dx and the scratch's ddt slots what
@@ -1157,7 +1245,10 @@ def _bi_ssd_bwd_pairs_kernel(
     tiles) and stores the sums into oB, oC (oBb, oCb) in their dtype: the per-head buffers (GRAD_PER_HEAD) are
     summed over each group's heads here, in head order, without a kernel of their own; rows of the group (ngroups ==
     nheads, or the segment kernel's ORDERED sums) are added once, with the group's first head. With ngroups == nheads
-    a group is one head, and the partial and the output may be one tensor (each row is read before it is written)."""
+    a group is one head, and the partial and the output may be one tensor (each row is read before it is written).
+    AHEAD (bits): 1, each head's x, dt and dz are loaded one head ahead of their use (the first head's before the
+    loop); 2, the dx and scratch rows a head adds to are loaded at its start, before its products, not after them. The
+    result is the same (the same arithmetic in the same order)."""
     pid = tl.program_id(0)
     c = tl.program_id(1)
     gidx = pid % G
@@ -1183,37 +1274,76 @@ def _bi_ssd_bwd_pairs_kernel(
         CBf, cbf = _cb_tiles(B_ptr + bco + bn_off, C_ptr + bco + bn_off, m_bn, COMPUTE, DOT_IN)
     if DO_B and not SHARE:
         CBb, cbb = _cb_tiles(Bb_ptr + bco + bn_off, Cb_ptr + bco + bn_off, m_bn, COMPUTE, DOT_IN)
+    SH_F: tl.constexpr = 1 if SHIFT else 0
+    SH_B: tl.constexpr = -1 if SHIFT else 0
+    h_first = gidx * R
+    IN_AHEAD: tl.constexpr = AHEAD % 2 == 1
+    ROWS_EARLY: tl.constexpr = AHEAD >= 2
+    if IN_AHEAD:  # the first head's inputs
+        xr, f_dt, f_dz, b_dt, b_dz, A_n, bias_n = _bwd_pairs_head_in(
+            x_ptr, dt_ptr, dtb_ptr, dy_ptr, A_ptr, bias_ptr, b64, h_first, True, L, H, rows, mrow, offs_p, mask_p,
+            P, DO_F, DO_B, SH_F, SH_B, SHARE, HAS_BIAS, COMPUTE)
     for j in range(0, R):
-        hidx = gidx * R + j
+        hidx = h_first + j
         xo = b64 * L * H * P + hidx * P
         xy_off = xo + rows[:, None] * xstride + offs_p[None, :]
-        dto = b64 * L * H + hidx
         so = (b64 * H + hidx) * 6 * L
-        _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
-        xv = tl.load(x_ptr + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
+        if IN_AHEAD:
+            xv = xr.to(COMPUTE)
+            dtf_raw = f_dt
+            dzf_raw = f_dz
+            dtb_raw = b_dt
+            dzb_raw = b_dz
+            A_h = A_n
+            bias = bias_n
+        else:
+            xr_j, dtf_raw, dzf_raw, dtb_raw, dzb_raw, A_h, bias = _bwd_pairs_head_in(
+                x_ptr, dt_ptr, dtb_ptr, dy_ptr, A_ptr, bias_ptr, b64, hidx, True, L, H, rows, mrow, offs_p, mask_p,
+                P, DO_F, DO_B, SH_F, SH_B, SHARE, HAS_BIAS, COMPUTE)
+            xv = xr_j.to(COMPUTE)
+        if ROWS_EARLY:  # the rows this head adds to, before its products
+            dx_old = tl.load(dx_ptr + xy_off, mask=m_xp, other=0.0)
+            if DO_F:
+                s1_old = tl.load(scr_ptr + so + L + rows, mask=mrow, other=0.0)
+            if DO_B and not SHARE:
+                s4_old = tl.load(scr_ptr + so + 4 * L + rows, mask=mrow, other=0.0)
+                s2_old = tl.load(scr_ptr + so + 2 * L + rows, mask=mrow, other=0.0)
+        if IN_AHEAD:  # the next head's inputs (none after the last)
+            xr, f_dt, f_dz, b_dt, b_dz, A_n, bias_n = _bwd_pairs_head_in(
+                x_ptr, dt_ptr, dtb_ptr, dy_ptr, A_ptr, bias_ptr, b64, tl.minimum(hidx + 1, h_first + R - 1),
+                j + 1 < R, L, H, rows, mrow, offs_p, mask_p, P, DO_F, DO_B, SH_F, SH_B, SHARE, HAS_BIAS, COMPUTE)
         dxv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)
         if DO_F:
-            dtf, af, csf, _lf, _tf = _decay_of_raw(_dt_rows(dt_ptr + dto, rows, L, H).to(COMPUTE), bias, A_h, mrow,
-                                                   offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
-            dzf = _dz_tile(dy_ptr + xo, rows, mrow, offs_p, mask_p, L, xstride, 1 if SHIFT else 0, COMPUTE)
-            dxv, mf, ddt_f, da_f = _chunk_pairs(xv, dtf, af, csf, CBf, cbf, dzf, tt, ss, 2 if SHARE else 0, DOT_MID,
-                                                DOT_IN)
+            dtf, af, csf, _lf, _tf = _decay_of_raw(dtf_raw.to(COMPUTE), bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS,
+                                                   BLOCK_Q)
+            dxv, mf, ddt_f, da_f = _chunk_pairs(xv, dtf, af, csf, CBf, cbf, dzf_raw.to(COMPUTE), tt, ss,
+                                                2 if SHARE else 0, DOT_MID, DOT_IN)
             msum += mf
-            _add_rows(scr_ptr + so + L + rows, ddt_f, mrow)
+            if ROWS_EARLY:
+                _store_sum(scr_ptr + so + L + rows, s1_old, ddt_f, mrow)
+            else:
+                _add_rows(scr_ptr + so + L + rows, ddt_f, mrow)
             tl.store(scr_ptr + so + 5 * L + rows, da_f, mask=mrow)
         if DO_B and not SHARE:  # (with SHARE the causal direction's tile held both)
-            dtb, ab, csb, _lb, _tb = _decay_of_raw(_dt_rows(dtb_ptr + dto, rows, L, H).to(COMPUTE), bias, A_h, mrow,
-                                                   offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
-            dzb = _dz_tile(dy_ptr + xo, rows, mrow, offs_p, mask_p, L, xstride, -1 if SHIFT else 0, COMPUTE)
-            dxb, mb, ddt_b, da_b = _chunk_pairs(xv, dtb, ab, csb, CBb, cbb, dzb, tt, ss, 1, DOT_MID, DOT_IN)
+            dtb, ab, csb, _lb, _tb = _decay_of_raw(dtb_raw.to(COMPUTE), bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS,
+                                                   BLOCK_Q)
+            dxb, mb, ddt_b, da_b = _chunk_pairs(xv, dtb, ab, csb, CBb, cbb, dzb_raw.to(COMPUTE), tt, ss, 1, DOT_MID,
+                                                DOT_IN)
             dxv += dxb
-            _add_rows(scr_ptr + so + 4 * L + rows, ddt_b, mrow)
-            _add_rows(scr_ptr + so + 2 * L + rows, da_b, mrow)
+            if ROWS_EARLY:
+                _store_sum(scr_ptr + so + 4 * L + rows, s4_old, ddt_b, mrow)
+                _store_sum(scr_ptr + so + 2 * L + rows, s2_old, da_b, mrow)
+            else:
+                _add_rows(scr_ptr + so + 4 * L + rows, ddt_b, mrow)
+                _add_rows(scr_ptr + so + 2 * L + rows, da_b, mrow)
             if SEPARATE:
                 msum_b += mb
             else:  # B_bwd, C_bwd are B, C
                 msum += mb
-        _add_rows(dx_ptr + xy_off, dxv, m_xp)
+        if ROWS_EARLY:
+            _store_sum(dx_ptr + xy_off, dx_old, dxv, m_xp)
+        else:
+            _add_rows(dx_ptr + xy_off, dxv, m_xp)
     # the segment kernel's rows: per head (GRAD_PER_HEAD: the group's first head's, then one head after another), or
     # the group's own
     if GRAD_PER_HEAD:

@@ -20,7 +20,8 @@ import torch
 import triton
 
 from .triton_kernels import (
-    BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS, _bi_ssd_bwd_dt_kernel,
+    AHEAD_MAX_TILE, BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS,
+    _bi_ssd_bwd_dt_kernel,
     _bi_ssd_bwd_kernel, _bi_ssd_bwd_pairs_kernel, _bi_ssd_fwd_kernel, _bi_ssd_fwd_pairs_kernel,
     _bi_ssd_state_kernel,
     prune_bwd_configs,
@@ -33,7 +34,7 @@ __all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _forced = {"fwd": None, "bwd": None, "state": None, "pairs": None, "seg": None, "split": None, "ordered": None,
-           "fwd_heads": None}
+           "fwd_heads": None, "pairs_ahead": None, "fwd_ahead": None}
 # "both" directions: the backward's segment kernel runs once per direction (the second launch adds to the first's
 # dx, dB, dC) instead of once with both directions in one program (fewer registers per program). "auto" (default):
 # two launches, except in BiMamba2 mode (SHARE) with headdim and d_state <= 64, where the one launch reuses the causal
@@ -107,7 +108,8 @@ _BENCH = dict(do_bench=_cpu_bench) if _INTERPRET else {}
 DOT_CLASSES = ("DOT_ST", "DOT_RD", "DOT_MID", "DOT_IN", "DOT_LO")
 _KEY = ["P", "N", "DO_F", "DO_B", "SHIFT", "SHARE", "HAS_D", "D_PER_P", "HAS_BIAS", "SOFTPLUS", "COMPUTE"]
 _PAIRS_KEY = [k for k in _KEY if k not in ("HAS_D", "D_PER_P")]  # (D is the segment kernels')
-_fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=[k for k in _KEY if k != "SHARE"], **_BENCH)(_bi_ssd_fwd_kernel)
+_fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=[k for k in _KEY if k != "SHARE"] + ["AHEAD"],
+                             **_BENCH)(_bi_ssd_fwd_kernel)
 # the forward's in-chunk pairs add to the y the forward kernel wrote: timed on a copy restored after every timed call
 _fwd_pairs_tuned = triton.autotune(
     configs=PAIRS_CONFIGS, key=_PAIRS_KEY + ["GROUPED", "BLOCK_Q", "BLOCK_P"],
@@ -122,7 +124,8 @@ _bwd_tuned = triton.autotune(
 )(_bi_ssd_bwd_kernel)
 # the in-chunk pairs add to what the segment kernel wrote: timed on copies restored after every timed call, as above
 _pairs_tuned = triton.autotune(
-    configs=PAIRS_CONFIGS, key=_PAIRS_KEY + ["SEPARATE", "GRAD_PER_HEAD", "BLOCK_Q", "DOT_MID", "DOT_IN", "DOT_LO"],
+    configs=PAIRS_CONFIGS,
+    key=_PAIRS_KEY + ["SEPARATE", "GRAD_PER_HEAD", "BLOCK_Q", "DOT_MID", "DOT_IN", "DOT_LO", "AHEAD"],
     restore_value=["dx_ptr", "dB_ptr", "dC_ptr", "dBb_ptr", "dCb_ptr", "scr_ptr"], **_BENCH,
 )(_bi_ssd_bwd_pairs_kernel)
 _state_tuned = triton.autotune(
@@ -150,13 +153,16 @@ def interpreter_autotune():
 @contextlib.contextmanager
 def force_config(fwd: int | None = None, bwd: int | None = None, state: int | None = None, seg: int | None = None,
                  split: bool | None = None, pairs: int | None = None, ordered: bool | None = None,
-                 fwd_heads: int | None = None):
+                 fwd_heads: int | None = None, pairs_ahead: int | None = None,
+                 fwd_ahead: int | None = None):
     """Run the kernels with ``FWD_CONFIGS[fwd]`` / ``BWD_CONFIGS[bwd]`` / ``STATE_CONFIGS[state]`` /
     ``PAIRS_CONFIGS[pairs]`` instead of
     autotuning, with segments of ``seg`` rows (a multiple of ``SEG_MULTIPLE``), and (``split``) with the backward's
     two directions in two launches (True) or one (False), (``ordered``) with dB, dC summed over a group's heads
     in the segment kernel in head order (True; needs two launches) or per head (False), (``fwd_heads``) with that
-    many heads per program of the forward's in-chunk pairs kernel (at most a group's). Arguments left ``None``
+    many heads per program of the forward's in-chunk pairs kernel (at most a group's), (``pairs_ahead``) with the
+    backward's in-chunk pairs kernel's AHEAD bits (0-3: its docstring), (``fwd_ahead``) with the forward kernel's
+    (0-3). Arguments left ``None``
     keep what an enclosing
     ``force_config`` set (nested calls add to each other)."""
     if seg is not None and (seg < SEG_MULTIPLE or seg % SEG_MULTIPLE):
@@ -164,8 +170,12 @@ def force_config(fwd: int | None = None, bwd: int | None = None, state: int | No
     old = dict(_forced)
     if fwd_heads is not None and fwd_heads < 1:
         raise ValueError(f"fwd_heads must be >= 1, got {fwd_heads}")
+    if pairs_ahead is not None and pairs_ahead not in (0, 1, 2, 3):
+        raise ValueError(f"pairs_ahead must be 0, 1, 2 or 3, got {pairs_ahead}")
+    if fwd_ahead is not None and fwd_ahead not in (0, 1, 2, 3):
+        raise ValueError(f"fwd_ahead must be 0, 1, 2 or 3, got {fwd_ahead}")
     given = dict(fwd=fwd, bwd=bwd, state=state, pairs=pairs, seg=seg, split=split, ordered=ordered,
-                 fwd_heads=fwd_heads)
+                 fwd_heads=fwd_heads, pairs_ahead=pairs_ahead, fwd_ahead=fwd_ahead)
     _forced.update({k: v for k, v in given.items() if v is not None})
     try:
         yield
@@ -206,6 +216,32 @@ def fwd_pairs_heads(b, g, heads_per_group, tiles, n, device) -> int:
     per_group = b * g * tiles  # programs with a whole group each
     blocks = max(1, min(heads_per_group, _cdiv(int(_FWD_PAIRS_PER_SM * sm_count(device)), per_group)))
     return _cdiv(heads_per_group, blocks)
+
+
+def bwd_pairs_ahead(p, n) -> int:
+    """The backward's in-chunk pairs kernel's AHEAD bits (its docstring) at headdim ``p`` and d_state ``n``: the rows a
+    head adds to loaded before its products (2) always, and its inputs one head ahead (1) where the tiles are at most
+    32 x 32 (triton_kernels.AHEAD_MAX_TILE). On an H200 (bf16, both directions, the pairs kernel's CUDA time, two
+    rounds): 2 took b16 L1600 h8 p64 n64 from 0.162 to 0.148 ms and the LM shape (p64 n128) from 1.289 to 1.185, where
+    3 took 0.165 and 1.26 (the tiles held a head ahead spill on sm_90: 640 bytes of stack against 192); at b32 L1600
+    h8 p32 n32, 3 took 0.219 to 0.185 ms and 2 to 0.195 (benchmarks/results/session26)."""
+    forced = _forced["pairs_ahead"]
+    if forced is not None:
+        return forced
+    return 3 if kernel_tile(p) * kernel_tile(n) <= AHEAD_MAX_TILE.value else 2
+
+
+def fwd_ahead_bits(p, n) -> int:
+    """The forward kernel's AHEAD bits (its docstring: 1, a chunk's dt, x, C one chunk ahead; 2, the anti-causal pass
+    reads y before the chunk's products) at headdim ``p`` and d_state ``n``: both up to d_state 64, neither above. On
+    an H200 (bf16, both directions, that kernel's CUDA time, two rounds; benchmarks/results/session26): 3 took it from
+    0.110 to 0.106 ms at b16 L1600 h8 p64 n64 and from 0.136 to 0.124 at b32 L1600 h8 p32 n32; at the LM shape (d_state
+    128) bit 1 took 1.59 to 1.89 ms (the tiles held a chunk ahead spill: 560 bytes of stack on sm_90 against 264) and
+    bit 2 alone changed nothing (1.604)."""
+    forced = _forced["fwd_ahead"]
+    if forced is not None:
+        return forced
+    return 3 if kernel_tile(n) <= 64 else 0
 
 
 def segment_rows(b, h, L, device) -> int:
@@ -403,7 +439,7 @@ class _BiSSDFn(torch.autograd.Function):
                       SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype))
         used = _launch(_bi_ssd_fwd_kernel, _fwd_tuned, FWD_CONFIGS, "fwd",
                        lambda meta: (b * h, _cdiv(p, meta["BLOCK_P"]), nseg), args,
-                       dict(common, HAS_D=has_d, D_PER_P=has_d and D.dim() == 2))
+                       dict(common, HAS_D=has_d, D_PER_P=has_d and D.dim() == 2, AHEAD=fwd_ahead_bits(p, n)))
         # the in-chunk pairs, in the chunks and headdim blocks of the forward kernel's config
         q, bp = _chunk_tile(used, "forward")
         # (C B^T once per program, for each of its heads: fwd_pairs_heads)
@@ -491,7 +527,7 @@ class _BiSSDFn(torch.autograd.Function):
         grid = lambda meta: (b * h, nseg)  # noqa: E731
         bwd = functools.partial(_launch, _bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid)
         pkw = {k: v for k, v in kwargs.items() if k not in ("HAS_D", "D_PER_P", "DOT_ST", "DOT_RD", "ORDERED")}
-        pkw.update(DOT_MID=dots["DOT_MID"], DOT_IN=dots["DOT_IN"])
+        pkw.update(DOT_MID=dots["DOT_MID"], DOT_IN=dots["DOT_IN"], AHEAD=bwd_pairs_ahead(p, n))
 
         def pairs(used, gB, gC, gBb, gCb, oB, oC, oBb, oCb, **flags):
             # the in-chunk pairs, after the segment kernel of the same directions, in the same chunks (its BLOCK_Q);
