@@ -1,0 +1,30 @@
+#!/bin/bash
+# Session 26's A/B helpers (sourced by the call scripts): prof NAME TREE ARGS... profiles one tree's kernels
+# (benchmarks/profile_gpu.py kernels, default configs) at the shapes $S into $W/NAME.json; summary NAME... prints each
+# run's total and per-kernel CUDA time.
+prof() { n=$1; t=$2; shift 2; echo "== $n t=$SECONDS"; YOLO_BIMAMBA_AUTOTUNE=0 PYTHONPATH=$t timeout ${PROF_TIMEOUT:-150} \
+  python $t/benchmarks/profile_gpu.py kernels --pps 2 --shapes $S "$@" --out $W/$n.json > $W/$n.log 2>&1; echo rc=$?; }
+summary() { python - $W "$@" <<'PY'
+import json, sys
+w = sys.argv[1]
+for n in sys.argv[2:]:
+    try:
+        runs = json.load(open(f"{w}/{n}.json"))["runs"]
+    except Exception as e:
+        print(n, "missing", e); continue
+    for r in runs:
+        k = r["kernels_ms"]
+        print(f'{n:8s} {r["shape"][:22]:22s} {r["direction"]:8s} ahead={r.get("pairs_ahead")} fa={r.get("fwd_ahead")} pcfg={r.get("pairs_cfg")} '
+              f'total {r["total_ms"]:.3f} bwd {k.get("_bi_ssd_bwd_kernel", 0):.3f} '
+              f'bwd_pairs {k.get("_bi_ssd_bwd_pairs_kernel", 0):.3f} fwd {k.get("_bi_ssd_fwd_kernel", 0):.3f} '
+              f'fwd_pairs {k.get("_bi_ssd_fwd_pairs_kernel", 0):.3f}')
+PY
+}
+# start_call: what each call does first (outputs into $W, packed into $OUT at the end): the GPU, driver and versions
+start_call() {
+  FINAL=$OUT; W=/tmp/w; mkdir -p $W
+  export PYTHONUNBUFFERED=1
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > $W/gpu.txt
+  python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" >> $W/gpu.txt
+  S=b16_L1600_h8_p64_n64,b32_L1600_h8_p32_n32,lm_b8_L8192_h32_p64_n128
+}
