@@ -261,7 +261,6 @@ def test_fwd_pairs_heads_per_program(mode):
         check_case(args, kw, fi, 0)
 
 
-
 _BWD_PAIRS_AHEAD_MODES = [(dict(direction="both", g=2, h=6), 32),
                           (dict(direction="both", shift=True, sep=True, h=3), 64),
                           (dict(direction="backward", g=1, h=3), 32), (dict(direction="both", g=2, h=2), 64)]
@@ -296,7 +295,6 @@ def test_bwd_pairs_ahead(mode):
             check_case(args, kw, 0, bi)
 
 
-
 _FWD_AHEAD_MODES = [dict(direction="both", g=2, h=4), dict(direction="both", shift=True, sep=True),
                     dict(direction="forward", d_shape="h"), dict(direction="backward", shift=True)]
 
@@ -329,7 +327,6 @@ def test_fwd_ahead(mode):
             pass
 
 
-
 def test_fwd_ahead_rule():
     """The forward kernel's loads ahead up to d_state 64, none above (forced values are taken as they are)."""
     rule = triton_op.fwd_ahead_bits
@@ -337,6 +334,7 @@ def test_fwd_ahead_rule():
     assert rule(64, 128) == rule(32, 65) == rule(64, 256) == 0
     with force_config(fwd_ahead=1):
         assert rule(64, 128) == 1
+
 
 def test_bwd_pairs_ahead_rule():
     """The rows a head adds to loaded early at every size, its inputs one head ahead up to tiles of 32 x 32; forced

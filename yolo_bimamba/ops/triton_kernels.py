@@ -481,19 +481,14 @@ def _fwd_chunk_in(dt_base, x_base, C_base, rows, offs_p, mask_p, offs_n, mask_n,
     ok = (rows >= 0) & (rows < L)
     dtr = tl.load(dt_base + rows * H, mask=ok, other=0.0)
     xr = tl.load(x_base + rows[:, None] * xstride + offs_p[None, :], mask=ok[:, None] & mask_p[None, :], other=0.0)
-    r = rows + C_SHIFT
-    m_c = (ok & (r >= 0) & (r < L))[:, None] & mask_n[None, :]
-    Cr = tl.load(C_base + r[:, None] * bstride + offs_n[None, :], mask=m_c, other=0.0)
-    return dtr, xr, Cr
+    return dtr, xr, _shifted_rows(C_base, rows, ok, offs_n, mask_n, L, bstride, C_SHIFT)
 
 
 @triton.jit
 def _load_c(C_ptr, rows, mrow, offs_n, mask_n, L, bstride, C_SHIFT: tl.constexpr, COMPUTE: tl.constexpr):
     """The C rows a chunk's outputs read: C[t + C_SHIFT] (Hydra's shift: C[t-1] for the causal direction, C_bwd[t+1]
     for the anti-causal one), zero outside the sequence."""
-    r = rows + C_SHIFT
-    m_c = (mrow & (r >= 0) & (r < L))[:, None] & mask_n[None, :]
-    return tl.load(C_ptr + r[:, None] * bstride + offs_n[None, :], mask=m_c, other=0.0).to(COMPUTE)
+    return _shifted_rows(C_ptr, rows, mrow, offs_n, mask_n, L, bstride, C_SHIFT).to(COMPUTE)
 
 
 @triton.jit
@@ -700,9 +695,7 @@ def _state_walk(v_ptr, r_ptr, dt_base, st_base, A_h, bias, L, H, SEG, v_stride, 
             w = tl.exp(cs - a) * dtv
         Vv = tl.load(v_ptr + rows[:, None] * v_stride + offs_n[None, :], mask=mrow[:, None] & mask_n[None, :],
                      other=0.0).to(COMPUTE)
-        rr = rows + R_SHIFT
-        m_r = (mrow & (rr >= 0) & (rr < L))[:, None] & mask_p[None, :]
-        Rv = tl.load(r_ptr + rr[:, None] * r_stride + offs_p[None, :], mask=m_r, other=0.0).to(COMPUTE)
+        Rv = _shifted_rows(r_ptr, rows, mrow, offs_p, mask_p, L, r_stride, R_SHIFT).to(COMPUTE)
         S = _dot_acc(tl.trans(Vv * w[:, None]), Rv, tl.exp(last) * S, DOT_ST)
         # the state after this chunk, where it ends a segment (forward walk: the boundary after its rows) or starts
         # one (reverse walk: the boundary before them)
@@ -812,15 +805,17 @@ def _dir_chunk(raw_dt, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs
 @triton.jit
 def _dz_tile(dy_ptr, rows, mrow, offs_p, mask_p, L, xstride, DZ_SHIFT: tl.constexpr, COMPUTE: tl.constexpr):
     """The gradient dz of a direction's unshifted output at rows: dy at rows + DZ_SHIFT (see _ahead_in), 0 outside."""
-    return _dz_raw(dy_ptr, rows, mrow, offs_p, mask_p, L, xstride, DZ_SHIFT).to(COMPUTE)
+    return _shifted_rows(dy_ptr, rows, mrow, offs_p, mask_p, L, xstride, DZ_SHIFT).to(COMPUTE)
 
 
 @triton.jit
-def _dz_raw(dy_ptr, rows, mrow, offs_p, mask_p, L, xstride, DZ_SHIFT: tl.constexpr):
-    """_dz_tile as stored."""
-    r = rows + DZ_SHIFT
-    m_z = (mrow & (r >= 0) & (r < L))[:, None] & mask_p[None, :]
-    return tl.load(dy_ptr + r[:, None] * xstride + offs_p[None, :], mask=m_z, other=0.0)
+def _shifted_rows(ptr, rows, mrow, offs, mask, L, stride, SHIFT: tl.constexpr):
+    """A tile of rows + SHIFT (columns offs of a row-major tensor with ``stride`` elements per row) as stored: zero
+    where mrow is false, outside [0, L) and outside the column mask. The C rows of Hydra's shift (_load_c), the
+    gradient dz of a direction's unshifted output (_dz_tile) and the state walk's read-out rows."""
+    r = rows + SHIFT
+    m = (mrow & (r >= 0) & (r < L))[:, None] & mask[None, :]
+    return tl.load(ptr + r[:, None] * stride + offs[None, :], mask=m, other=0.0)
 
 
 @triton.jit
@@ -842,11 +837,9 @@ def _ahead_in(dt_ptr, B_ptr, C_ptr, dy_ptr, rows, offs_p, mask_p, offs_n, mask_n
         ok = (rows >= 0) & (rows < L)
         m_bn = ok[:, None] & mask_n[None, :]
         bn_off = rows[:, None] * bstride + offs_n[None, :]
-        r = rows + DZ_SHIFT
-        m_z = (ok & (r >= 0) & (r < L))[:, None] & mask_p[None, :]
         Bv = tl.load(B_ptr + bn_off, mask=m_bn, other=0.0)
         Cv = tl.load(C_ptr + bn_off, mask=m_bn, other=0.0)
-        dz = tl.load(dy_ptr + r[:, None] * xstride + offs_p[None, :], mask=m_z, other=0.0)
+        dz = _shifted_rows(dy_ptr, rows, ok, offs_p, mask_p, L, xstride, DZ_SHIFT)
         return _dt_rows(dt_ptr, rows, L, H), Bv, Cv, dz
     else:
         return _dt_rows(dt_ptr, rows, L, H), 0.0, 0.0, 0.0
@@ -1213,13 +1206,13 @@ def _bwd_pairs_head_in(x_ptr, dt_ptr, dtb_ptr, dy_ptr, A_ptr, bias_ptr, b64, hid
     xr = tl.load(x_ptr + xo + rows[:, None] * (H * P) + offs_p[None, :], mask=m_xp, other=0.0)
     if DO_F:
         f_dt = tl.load(dt_ptr + dto + rows * H, mask=mlive, other=0.0)
-        f_dz = _dz_raw(dy_ptr + xo, rows, mlive, offs_p, mask_p, L, H * P, SH_F)
+        f_dz = _shifted_rows(dy_ptr + xo, rows, mlive, offs_p, mask_p, L, H * P, SH_F)
     else:
         f_dt = 0.0
         f_dz = 0.0
     if DO_B and not SHARE:
         b_dt = tl.load(dtb_ptr + dto + rows * H, mask=mlive, other=0.0)
-        b_dz = _dz_raw(dy_ptr + xo, rows, mlive, offs_p, mask_p, L, H * P, SH_B)
+        b_dz = _shifted_rows(dy_ptr + xo, rows, mlive, offs_p, mask_p, L, H * P, SH_B)
     else:
         b_dt = 0.0
         b_dz = 0.0
