@@ -4,12 +4,8 @@
 # archive df92816 yolo_bimamba benchmarks/*.py`), per-kernel CUDA time, default configs, two rounds; AHEAD 0 and 3
 # with the pairs kernel's configs 0 and 1 (2 and 4 warps). From the repository root, carry ab.
 set -u
-FINAL=$OUT; W=/tmp/w; mkdir -p $W
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > $W/gpu.txt
-python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" >> $W/gpu.txt
-S=b16_L1600_h8_p64_n64,b32_L1600_h8_p32_n32,lm_b8_L8192_h32_p64_n128
-. benchmarks/results/session26/lib.sh  # prof, summary
+. benchmarks/results/session26/lib.sh  # start_call, prof, summary
+start_call
 prof base-r1 $PWD/ab/base --directions both,forward
 prof new-r1 $PWD --directions both,forward --pairs-ahead 0,1,2,3
 prof pcfg $PWD --directions both --pairs-ahead 0,3 --pairs-cfgs 0,1

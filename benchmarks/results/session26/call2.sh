@@ -4,12 +4,8 @@
 # (benchmarks/run_gpu.sh, Ultralytics from .whl/); the kernel benchmark (autotuned). From the repository root, carry
 # ab and .whl.
 set -u
-FINAL=$OUT; W=/tmp/w; mkdir -p $W
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > $W/gpu.txt
-python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" >> $W/gpu.txt
-S=b16_L1600_h8_p64_n64,b32_L1600_h8_p32_n32,lm_b8_L8192_h32_p64_n128
-. benchmarks/results/session26/lib.sh  # prof, summary
+. benchmarks/results/session26/lib.sh  # start_call, prof, summary
+start_call
 prof final-base $PWD/ab/base --directions both,forward
 prof final-new $PWD --directions both,forward
 summary final-base final-new

@@ -4,12 +4,8 @@
 # kernel reads y with the head's inputs) in the tree, against the tree at df92816 (ab/base), per-kernel CUDA time,
 # default configs; both directions two rounds, one direction one. From the repository root, carry ab.
 set -u
-FINAL=$OUT; W=/tmp/w; mkdir -p $W
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > $W/gpu.txt
-python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" >> $W/gpu.txt
-S=b16_L1600_h8_p64_n64,b32_L1600_h8_p32_n32,lm_b8_L8192_h32_p64_n128
-. benchmarks/results/session26/lib.sh  # prof, summary
+. benchmarks/results/session26/lib.sh  # start_call, prof, summary
+start_call
 prof fbase-r1 $PWD/ab/base --directions both,forward
 prof fa-r1 $PWD --directions both --fwd-ahead 0,1,2,3,4,7
 prof fa-fwd $PWD --directions forward --fwd-ahead 0,1,4,5

@@ -20,7 +20,8 @@ for n in sys.argv[2:]:
               f'fwd_pairs {k.get("_bi_ssd_fwd_pairs_kernel", 0):.3f}')
 PY
 }
-# start_call: what each call does first (outputs into $W, packed into $OUT at the end): the GPU, driver and versions
+# start_call: what each call does first (outputs into $W, packed into $OUT at the end): the GPU, driver and versions.
+# Calls 1-3 had these lines inline when they ran; they were moved here afterwards (the same commands)
 start_call() {
   FINAL=$OUT; W=/tmp/w; mkdir -p $W
   export PYTHONUNBUFFERED=1
