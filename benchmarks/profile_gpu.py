@@ -147,16 +147,17 @@ def kernels(args):
         g = h if groups == "h" else int(groups)
         x, call = _op_inputs(b, L, h, p, n, _DTYPES[args.dtype], g)
         ints = lambda v: [int(c) for c in v.split(",")] if v else [None]  # noqa: E731
-        variants = [(d, pps, prec, cfg, split, fcfg, scfg, pcfg, fh, pa, fa)
+        variants = [(d, pps, prec, cfg, split, fcfg, scfg, pcfg, fh, pa, fa, ba)
                     for d in args.directions.split(",") for pps in pps_list
                     for prec in (args.prec.split(";") if args.prec else [None])
                     for cfg in ints(args.bwd_cfgs)
                     for split in ([bool(int(v)) for v in args.splits.split(",")] if args.splits else [None])
                     for fcfg in ints(args.fwd_cfgs) for scfg in ints(args.state_cfgs)
                     for pcfg in ints(getattr(args, "pairs_cfgs", "")) for fh in ints(getattr(args, "fwd_heads", ""))
-                    for pa in ints(getattr(args, "pairs_ahead", "")) for fa in ints(getattr(args, "fwd_ahead", ""))]
+                    for pa in ints(getattr(args, "pairs_ahead", "")) for fa in ints(getattr(args, "fwd_ahead", ""))
+                    for ba in ints(getattr(args, "bwd_ahead", ""))]
         orig_prec = triton_op._dot_precisions
-        for direction, pps, prec, cfg, split, fcfg, scfg, pcfg, fh, pa, fa in variants:
+        for direction, pps, prec, cfg, split, fcfg, scfg, pcfg, fh, pa, fa, ba in variants:
             triton_op._PROGRAMS_PER_SM = pps
             if prec:
                 triton_op._dot_precisions = lambda x, prec=prec: dict(zip(triton_op.DOT_CLASSES, prec.split(",")))
@@ -174,13 +175,15 @@ def kernels(args):
                 forced["pairs_ahead"] = pa
             if fa is not None:  # (absent before the forward's loads ahead)
                 forced["fwd_ahead"] = fa
+            if ba is not None:  # (absent before the backward segment kernel's AHEAD bits)
+                forced["bwd_ahead"] = ba
             with triton_op.force_config(**forced):
                 times, launches = _kernel_times(step)
             total = sum(times.values())
             rec = {"shape": name, "ngroups": g, "dtype": args.dtype, "direction": direction, "programs_per_sm": pps,
                    "dot_prec": prec, "bwd_cfg": cfg,
                    "fwd_cfg": fcfg, "state_cfg": scfg, "pairs_cfg": pcfg, "fwd_heads": fh,
-                   "pairs_ahead": pa, "fwd_ahead": fa, "split": split,
+                   "pairs_ahead": pa, "fwd_ahead": fa, "bwd_ahead": ba, "split": split,
                    "seg_rows": seg,
                    "nseg": -(-L // seg),
                    "total_ms": round(total, 4),
@@ -189,7 +192,7 @@ def kernels(args):
             out["runs"].append(rec)
             top = ", ".join(f"{k[:40]}={v:.3f}" for k, v in list(times.items())[:6])
             print(f"{name} g{g} {direction} pps={pps} prec={prec} fwd={fcfg} bwd={cfg} state={scfg} pairs={pcfg} "
-                  f"fwd_heads={fh} pairs_ahead={pa} fwd_ahead={fa} "
+                  f"fwd_heads={fh} pairs_ahead={pa} fwd_ahead={fa} bwd_ahead={ba} "
                   f"split={split} seg={seg}: "
                   f"total {total:.3f} ms, "
                   f"{launches} launches; {top}", flush=True)
@@ -428,6 +431,8 @@ def main():
                     "kernel (0-3), comma separated")
     ap.add_argument("--fwd-ahead", default="", help="kernels: forced AHEAD bits of the forward kernel "
                     "(triton_op.fwd_ahead_bits, 0-3), comma separated")
+    ap.add_argument("--bwd-ahead", default="", help="kernels: forced AHEAD bits of the backward segment kernel "
+                    "(triton_op.bwd_ahead_bits, 0-7), comma separated")
     ap.add_argument("--splits", default="",
                     help="kernels: backward directions in two launches (1) or one (0), e.g. 1,0")
     ap.add_argument("--shapes", default="", help="kernels: shape names, comma separated (default all)")

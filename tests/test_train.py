@@ -90,13 +90,22 @@ def _hook_installed() -> bool:
 
 
 def _stock_yolo_cmd():
-    """The stock `yolo` console script of this interpreter, run with this interpreter."""
-    for d in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
-        if (d / "yolo").is_file():
-            return [sys.executable, str(d / "yolo")]
+    """The stock `yolo` console script of this interpreter, run with this interpreter: in its scripts folder, or in
+    the base interpreter's (a venv with --system-site-packages), or on PATH; a Python script only (not a shell shim,
+    e.g. pyenv's, which this interpreter cannot run)."""
+    dirs = [Path(sys.executable).parent, Path(sysconfig.get_path("scripts")),
+            Path(sysconfig.get_path("scripts", vars={"base": sys.base_prefix, "platbase": sys.base_prefix}))]
     found = shutil.which("yolo")
-    assert found, "Ultralytics' `yolo` console script not found"
-    return [sys.executable, found]
+    for cand in [d / "yolo" for d in dirs] + ([Path(found)] if found else []):
+        if cand.is_file() and _is_python_script(cand):
+            return [sys.executable, str(cand)]
+    raise AssertionError(f"Ultralytics' `yolo` console script not found (looked in {dirs} and PATH)")
+
+
+def _is_python_script(path: Path) -> bool:
+    with open(path, "rb") as f:
+        first = f.readline()
+    return first.startswith(b"#!") and b"python" in first
 
 
 def _hook_env(tmp_path: Path):

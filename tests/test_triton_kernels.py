@@ -349,6 +349,55 @@ def test_bwd_pairs_ahead_rule():
             pass
 
 
+_BWD_AHEAD_MODES = [(dict(direction="both", g=2, h=4), dict(split=False)),
+                    (dict(direction="both", d_shape="h"), dict(split=True)),
+                    (dict(direction="both", shift=True, sep=True), dict()),
+                    (dict(direction="backward", shift=True), dict())]
+
+
+@pytest.mark.parametrize("mode", range(len(_BWD_AHEAD_MODES)))
+def test_bwd_ahead(mode):
+    """The backward segment kernel with each subset of a chunk's B and C (bit 1), dz (bit 2) and x (bit 4) loaded one
+    chunk ahead, the rest at their use: every gradient is the same, bit for bit, for all eight values, in BiMamba2
+    (both directions in one launch and in two), Hydra and one-direction modes, over several segments with a partial
+    last chunk, in chunks of 32 and 64; and the op matches the float64 reference with the values the rule takes above
+    32 x 32 tiles (3, 2)."""
+    opt, forced = _BWD_AHEAD_MODES[mode]
+    opt = dict(opt)
+    direction, shift = opt.pop("direction"), opt.pop("shift", False)
+    args, kw = make_inputs(l=2 * SEG_MULTIPLE + 37, seed=110 + mode, **opt)
+    kw.update(direction=direction, shift=shift)
+    dy = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64).to(args[0].dtype)
+    bi = _first_with_q(BWD_CONFIGS, (32, 64)[mode % 2])
+    grads = {}
+    for bits in range(8):
+        with force_config(seg=SEG_MULTIPLE, bwd_ahead=bits, **forced):
+            assert triton_op.bwd_ahead_bits(16, 16) == bits
+            _y, grads[bits], guards_ok = run_triton(args, kw, dy, 0, bi)
+        assert guards_ok, bits
+    for name, g0 in grads[0].items():
+        assert g0 is None or torch.isfinite(g0).all(), name
+        for bits in range(1, 8):
+            g = grads[bits][name]
+            assert (g is None and g0 is None) or torch.equal(g, g0), (bits, name)
+    with force_config(seg=SEG_MULTIPLE, bwd_ahead=(3, 2)[mode % 2], **forced):
+        check_case(args, kw, 0, bi)
+
+
+def test_bwd_ahead_rule():
+    """Every input a chunk ahead up to tiles of 32 x 32, B, C and dz up to 64 x 64, dz alone above; forced values are
+    taken as they are, and only 0-7."""
+    rule = triton_op.bwd_ahead_bits
+    assert rule(16, 16) == rule(32, 32) == rule(24, 20) == 7
+    assert rule(64, 32) == rule(32, 64) == rule(64, 64) == rule(40, 33) == 3
+    assert rule(64, 128) == rule(128, 64) == rule(128, 128) == rule(64, 256) == 2
+    with force_config(bwd_ahead=5):
+        assert rule(64, 128) == 5
+    with pytest.raises(ValueError, match="bwd_ahead"):
+        with force_config(bwd_ahead=8):
+            pass
+
+
 def test_fwd_pairs_heads_rule():
     """From d_state 128: whole groups per program where that leaves 4 programs per SM (the interpreter's 4 SMs: 16),
     equal blocks of the group where it does not, one head where even one head per program leaves too few; one head
@@ -371,10 +420,12 @@ def test_fwd_pairs_heads_rule():
             pass
 
 
-# 2a. the backward segment kernel's two ways of loading a chunk: its inputs one chunk ahead (tiles up to
-#     triton_kernels.AHEAD_MAX_TILE, every other test's sizes) or its tiles at their use (larger tiles: headdim x
-#     d_state 64 x 64 and up on the GPU). The second way, forced here at small sizes, under every backward config and
-#     in every mode of the kernel (one and two launches, Hydra's own backward inputs and shift, one direction).
+# 2a. the backward segment kernel's ways of loading a chunk: every input one chunk ahead (tiles up to
+#     triton_kernels.AHEAD_MAX_TILE, every other test's sizes), or some of its tiles at their use (larger tiles:
+#     headdim x d_state 64 x 64 and up on the GPU, triton_op.bwd_ahead_bits). All of them at their use (0) and the
+#     rule's values above 32 x 32 tiles (3: B, C and dz ahead; 2: dz ahead), forced here at small sizes, under every
+#     backward config and in every mode of the kernel (one and two launches, Hydra's own backward inputs and shift, one
+#     direction).
 _AT_USE_MODES = [
     (dict(direction="both"), dict(split=False)),
     (dict(direction="both"), dict(split=True)),
@@ -383,32 +434,30 @@ _AT_USE_MODES = [
     (dict(direction="both", shift=True, d_shape="h"), dict()),
     (dict(direction="backward"), dict()),
 ]
-
-
-def _no_loads_ahead(*args, **kwargs):
-    raise AssertionError("the loads-ahead path ran")
+_AT_USE_BITS = (0, 3, 2, 0, 3, 2)
 
 
 @pytest.mark.parametrize("bi", range(len(BWD_CONFIGS)))
 def test_every_bwd_config_with_tiles_loaded_at_use(monkeypatch, bi):
-    import triton.language as tl
+    launched = []
+    orig = triton_op._run_config
 
-    from yolo_bimamba.ops import triton_kernels
+    def spy(jit_fn, grid_fn, args, kwargs, cfg):
+        if jit_fn is triton_op._bi_ssd_bwd_kernel:
+            launched.append(kwargs["AHEAD"])
+        return orig(jit_fn, grid_fn, args, kwargs, cfg)
 
+    monkeypatch.setattr(triton_op, "_run_config", spy)
     q = _qb(bi)
-    monkeypatch.setattr(triton_kernels, "_dir_chunk_loaded", _no_loads_ahead)
-    if bi == 0:  # the patch has teeth: at these sizes the kernel loads ahead unless the bound is lowered
-        args, kw = make_inputs(l=q + 3, seed=3)
-        with pytest.raises(Exception, match="the loads-ahead path ran"):
-            run_triton(args, kw, torch.randn(args[0].shape, dtype=args[0].dtype, device=DEV), 0, bi)
-    monkeypatch.setattr(triton_kernels, "AHEAD_MAX_TILE", tl.constexpr(0))
-    for i, (opt, forced) in enumerate(_AT_USE_MODES):
+    for i, ((opt, forced), bits) in enumerate(zip(_AT_USE_MODES, _AT_USE_BITS)):
         opt = dict(opt)
         direction, shift = opt.pop("direction"), opt.pop("shift", False)
         args, kw = make_inputs(l=2 * q + 5 + i, seed=10 * bi + i, **opt)
         kw.update(direction=direction, shift=shift)
-        with force_config(**forced):
+        launched.clear()
+        with force_config(bwd_ahead=bits, **forced):
             check_case(args, kw, 0, bi)
+        assert launched and set(launched) == {bits}, (i, launched)
 
 
 # 2b. segment-parallel passes: every state-kernel config, several segments (the last one partial), the backward's
@@ -744,7 +793,7 @@ def test_force_config_nests():
         with force_config(fwd=0, bwd=0):
             assert triton_op._forced == dict(fwd=0, bwd=0, state=1, pairs=None, seg=2 * SEG_MULTIPLE, split=False,
                                              ordered=None, fwd_heads=None, pairs_ahead=None,
-                                             fwd_ahead=None)
+                                             fwd_ahead=None, bwd_ahead=None)
             assert triton_op.segment_rows(1, 1, 10 * SEG_MULTIPLE, torch.device(DEV)) == 2 * SEG_MULTIPLE
         assert triton_op._forced["fwd"] is None and triton_op._forced["seg"] == 2 * SEG_MULTIPLE
     assert all(v is None for v in triton_op._forced.values())

@@ -29,10 +29,11 @@ Backward, three kernels (and the state kernel):
     B (forward walk): causal state S_f, anti-causal state gradient dS_b -> their dC_f, dx, dB_b terms;
     and their per-position log-decay gradient terms into a small fp32 scratch (b*h, 6, L) in which each direction
     owns its slots (terms that pass C telescopes over the sequence). Global-load latency was most of its stalls on an
-    H200, so each pass loads a chunk's inputs one chunk ahead of their use (all of them up to headdim x d_state =
-    32 x 32, AHEAD_MAX_TILE; only dt above, where the tiles held ahead would spill), and pass B loads the rows it
+    H200, so each pass loads a chunk's inputs one chunk ahead of their use (dt always; the others as
+    triton_op.bwd_ahead_bits says: all of them up to headdim x d_state = 32 x 32, B, C and dz up to 64 x 64, dz alone
+    above, where more tiles held ahead spill on sm_90), and pass B loads the rows it
     adds to at the start of the chunk, before its dots (except the dB rows of a launch of the anti-causal direction
-    alone above that tile size, LATE_DB; a first launch without anti-causal dC terms writes its dC in pass B alone,
+    alone above 32 x 32 tiles, LATE_DB; a first launch without anti-causal dC terms writes its dC in pass B alone,
     FRESH_C). "both" runs as two launches of this kernel,
     one per direction (DO_F / DO_B), the second adding to the first's dx (and dB, dC when the directions share
     them, ACC=True), or as one (triton_op._split_directions); the sum stays ordered, so results are bitwise
@@ -297,8 +298,9 @@ def _last(v, offs_q, BLOCK_Q: tl.constexpr):
 # errors in the decays of nearby small steps, and pass C multiplies by A the rounding noise of the telescoped
 # log-decay gradient at such a step (whose true value is 0 in fp32).
 LOG_DECAY_FLOOR = tl.constexpr(_LOG_DECAY_FLOOR)
-# the backward's segment kernel loads every input of a chunk one chunk ahead up to this headdim x d_state, only dt
-# above (see _bi_ssd_bwd_kernel)
+# headdim x d_state up to which the backward's segment kernel loads every input of a chunk one chunk ahead
+# (triton_op.bwd_ahead_bits) and the backward's pairs kernel each head's inputs one head ahead (triton_op.bwd_pairs_ahead);
+# above it, a launch of the segment kernel's anti-causal direction alone loads its dB rows late (LATE_DB)
 AHEAD_MAX_TILE = tl.constexpr(32 * 32)
 
 
@@ -791,18 +793,6 @@ def _dt_rows(dt_ptr, rows, L, H):
 
 
 @triton.jit
-def _dir_chunk(raw_dt, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn, bn_off, L, xstride,
-               dt_lo, dt_hi, DZ_SHIFT: tl.constexpr, SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr,
-               BLOCK_Q: tl.constexpr):
-    """One direction's chunk in the backward, from its dt as stored (raw_dt): processed dt, log-decays, their cumsums
-    (_decay_of_raw), and B, C and dz (as _ahead_in loads them) loaded here, in the compute dtype."""
-    dtv, a, cs, last, tail = _decay_of_raw(raw_dt.to(COMPUTE), bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
-    Bv = tl.load(B_ptr + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-    Cv = tl.load(C_ptr + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
-    return dtv, a, cs, last, tail, Bv, Cv, _dz_tile(dy_ptr, rows, mrow, offs_p, mask_p, L, xstride, DZ_SHIFT, COMPUTE)
-
-
-@triton.jit
 def _dz_tile(dy_ptr, rows, mrow, offs_p, mask_p, L, xstride, DZ_SHIFT: tl.constexpr, COMPUTE: tl.constexpr):
     """The gradient dz of a direction's unshifted output at rows: dy at rows + DZ_SHIFT (see _ahead_in), 0 outside."""
     return _shifted_rows(dy_ptr, rows, mrow, offs_p, mask_p, L, xstride, DZ_SHIFT).to(COMPUTE)
@@ -819,43 +809,48 @@ def _shifted_rows(ptr, rows, mrow, offs, mask, L, stride, SHIFT: tl.constexpr):
 
 
 @triton.jit
-def _dir_chunk_loaded(raw_dt, raw_B, raw_C, raw_dz, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS: tl.constexpr,
-                      COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr):
-    """The same from all its inputs as loaded ahead (_ahead_in)."""
-    dtv, a, cs, last, tail = _decay_of_raw(raw_dt.to(COMPUTE), bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
-    return dtv, a, cs, last, tail, raw_B.to(COMPUTE), raw_C.to(COMPUTE), raw_dz.to(COMPUTE)
-
-
-@triton.jit
 def _ahead_in(dt_ptr, B_ptr, C_ptr, dy_ptr, rows, offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride,
               DZ_SHIFT: tl.constexpr, AHEAD: tl.constexpr):
     """What the segment kernel loads of a direction's next chunk (rows) ahead of its use, as stored (0 outside
-    [0, L)): with AHEAD its dt, B, C and the gradient dz of the direction's unshifted output z, which is dy at rows +
-    DZ_SHIFT (Hydra's shift: y_f[t] = z_f[t-1] -> dz_f[t] = dy[t+1], shift +1; y_b[t] = z_b[t+1] -> dz_b[t] =
-    dy[t-1], shift -1); without, its dt only (zeros stand in for the tiles, which _dir_in then loads at their use)."""
-    if AHEAD:
-        ok = (rows >= 0) & (rows < L)
+    [0, L)): always its dt; with AHEAD bit 1 its B and C, with bit 2 the gradient dz of the direction's unshifted
+    output z, which is dy at rows + DZ_SHIFT (Hydra's shift: y_f[t] = z_f[t-1] -> dz_f[t] = dy[t+1], shift +1;
+    y_b[t] = z_b[t+1] -> dz_b[t] = dy[t-1], shift -1). Zeros stand in for the tiles left out, which _dir_in loads at
+    their use."""
+    ok = (rows >= 0) & (rows < L)
+    if AHEAD % 2 == 1:
         m_bn = ok[:, None] & mask_n[None, :]
         bn_off = rows[:, None] * bstride + offs_n[None, :]
         Bv = tl.load(B_ptr + bn_off, mask=m_bn, other=0.0)
         Cv = tl.load(C_ptr + bn_off, mask=m_bn, other=0.0)
-        dz = _shifted_rows(dy_ptr, rows, ok, offs_p, mask_p, L, xstride, DZ_SHIFT)
-        return _dt_rows(dt_ptr, rows, L, H), Bv, Cv, dz
     else:
-        return _dt_rows(dt_ptr, rows, L, H), 0.0, 0.0, 0.0
+        Bv = 0.0
+        Cv = 0.0
+    if (AHEAD // 2) % 2 == 1:
+        dz = _shifted_rows(dy_ptr, rows, ok, offs_p, mask_p, L, xstride, DZ_SHIFT)
+    else:
+        dz = 0.0
+    return _dt_rows(dt_ptr, rows, L, H), Bv, Cv, dz
 
 
 @triton.jit
 def _dir_in(i_dt, i_B, i_C, i_dz, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn, bn_off, L,
             xstride, dt_lo, dt_hi, DZ_SHIFT: tl.constexpr, SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr,
             BLOCK_Q: tl.constexpr, AHEAD: tl.constexpr):
-    """A direction's chunk in the segment kernel from what _ahead_in loaded (_dir_chunk_loaded), or from its dt and
-    tiles loaded here (_dir_chunk)."""
-    if AHEAD:
-        return _dir_chunk_loaded(i_dt, i_B, i_C, i_dz, bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, COMPUTE, BLOCK_Q)
+    """One direction's chunk in the segment kernel, in the compute dtype: its processed dt, log-decays, their cumsums
+    (_decay_of_raw) from its dt as _ahead_in loaded it, and its B, C and dz as _ahead_in loaded them (AHEAD bits 1, 2)
+    or loaded here."""
+    dtv, a, cs, last, tail = _decay_of_raw(i_dt.to(COMPUTE), bias, A_h, mrow, offs_q, dt_lo, dt_hi, SOFTPLUS, BLOCK_Q)
+    if AHEAD % 2 == 1:
+        Bv = i_B.to(COMPUTE)
+        Cv = i_C.to(COMPUTE)
     else:
-        return _dir_chunk(i_dt, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, offs_q, offs_p, mask_p, m_bn, bn_off, L,
-                          xstride, dt_lo, dt_hi, DZ_SHIFT, SOFTPLUS, COMPUTE, BLOCK_Q)
+        Bv = tl.load(B_ptr + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+        Cv = tl.load(C_ptr + bn_off, mask=m_bn, other=0.0).to(COMPUTE)
+    if (AHEAD // 2) % 2 == 1:
+        dz = i_dz.to(COMPUTE)
+    else:
+        dz = _dz_tile(dy_ptr, rows, mrow, offs_p, mask_p, L, xstride, DZ_SHIFT, COMPUTE)
+    return dtv, a, cs, last, tail, Bv, Cv, dz
 
 
 @triton.jit
@@ -885,11 +880,13 @@ def _bi_ssd_bwd_kernel(
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr, SEPARATE: tl.constexpr, SHARE: tl.constexpr,
     HAS_D: tl.constexpr, D_PER_P: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
     GRAD_PER_HEAD: tl.constexpr, ORDERED: tl.constexpr, ACC: tl.constexpr, COMPUTE: tl.constexpr,
-    DOT_ST: tl.constexpr, DOT_RD: tl.constexpr, DOT_LO: tl.constexpr, BLOCK_Q: tl.constexpr,
+    DOT_ST: tl.constexpr, DOT_RD: tl.constexpr, DOT_LO: tl.constexpr, AHEAD: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
     """The backward's state terms (pairs across chunks), one program per (batch * head, segment); the in-chunk
     pairs are _bi_ssd_bwd_pairs_kernel's, which adds to what this kernel wrote. ACC: a launch before this one (the
-    other direction's) wrote dx, dB, dC and dD's partials already.
+    other direction's) wrote dx, dB, dC and dD's partials already. AHEAD (bits): which of a chunk's inputs besides
+    dt both passes load one chunk ahead of their use: 1 B and C, 2 dz, 4 x (each direction's own); the others are
+    loaded at their use. The result is the same for every value (the same arithmetic).
 
     ORDERED (ngroups < nheads, one direction per launch): dB, dC are the group's fp32 rows, which the programs of a
     group's heads add to in head order, chunk by chunk (_add_turn), so the sum is the same in every run. cnt (int32,
@@ -960,12 +957,11 @@ def _bi_ssd_bwd_kernel(
     else:
         Sb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     dD_acc = tl.zeros((BLOCK_P,), dtype=COMPUTE)
-    # every input of a chunk is loaded one chunk ahead of its use, in both passes (where they were used, their loads
-    # were a third of the kernel's stalls on an H200: dt first, which every other input waits on through the decays)
+    # a chunk's dt is loaded one chunk ahead of its use in both passes, and its other inputs as AHEAD says (where they
+    # were used, their loads were a third of the kernel's stalls on an H200: dt first, which every other input waits on
+    # through the decays)
     OWN_B: tl.constexpr = DO_B and not (SHARE and DO_F)  # the anti-causal direction loads its own dt, B, C, dz
-    # ... but at headdim or d_state 64 the tiles held a chunk ahead cost spills on sm_90 (600 bytes of stack per
-    # thread instead of 280 at 64 x 64): there only dt is loaded ahead
-    AHEAD: tl.constexpr = BLOCK_P * BLOCK_N <= AHEAD_MAX_TILE
+    X_AHEAD: tl.constexpr = AHEAD >= 4
     # pass A has no dC terms of its own when the anti-causal direction does not run here or keeps its dC apart
     # (SEPARATE): then, in a first launch, pass B writes the causal dC rows alone (pass A stored zeros, pass B read them
     # back and added: at the LM shape's per-head rows, 2 x 0.5 GB of memory traffic for nothing)
@@ -974,9 +970,9 @@ def _bi_ssd_bwd_kernel(
     # where it adds them: held through the chunk's dots they were most of its spills at headdim 64 x d_state 128 on
     # sm_90 (74 spill loads and stores per chunk, 18 after); with both directions in one launch there was nothing to
     # spill and the early load stays (loaded late, the H200 took 3 % longer at b16 L1600 h8 p64 n64)
-    LATE_DB: tl.constexpr = (not DO_F) and (not AHEAD)
+    LATE_DB: tl.constexpr = (not DO_F) and (BLOCK_P * BLOCK_N > AHEAD_MAX_TILE)
     rows_n = (c1 - 1) * BLOCK_Q + offs_q
-    x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, AHEAD)
+    x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, X_AHEAD)
     if DO_F:
         f_dt, f_B, f_C, f_dz = _ahead_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p, mask_p,
                                          offs_n, mask_n, L, H, xstride, bstride, SH_F, AHEAD)
@@ -987,8 +983,8 @@ def _bi_ssd_bwd_kernel(
         c = c1 - 1 - ci
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
         rows_n = rows - BLOCK_Q
-        xv = _x_in(x_n, x_ptr + xo, xy_off, m_xp, COMPUTE, AHEAD)
-        x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, AHEAD)
+        xv = _x_in(x_n, x_ptr + xo, xy_off, m_xp, COMPUTE, X_AHEAD)
+        x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, X_AHEAD)
         g_off = go + rows[:, None] * gstride + offs_n[None, :]
         if ACC and DO_F:  # the other direction's launch wrote dx (with D dy) already
             dxv = tl.load(dx_ptr + xo + xy_off, mask=m_xp, other=0.0).to(COMPUTE)
@@ -1065,7 +1061,7 @@ def _bi_ssd_bwd_kernel(
     else:
         dSb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     rows_n = c0 * BLOCK_Q + offs_q
-    x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, AHEAD)
+    x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, X_AHEAD)
     if DO_F:
         f_dt, f_B, f_C, f_dz = _ahead_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p, mask_p,
                                          offs_n, mask_n, L, H, xstride, bstride, SH_F, AHEAD)
@@ -1075,8 +1071,8 @@ def _bi_ssd_bwd_kernel(
     for c in range(c0, c1):
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
         rows_n = rows + BLOCK_Q
-        xv = _x_in(x_n, x_ptr + xo, xy_off, m_xp, COMPUTE, AHEAD)
-        x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, AHEAD)
+        xv = _x_in(x_n, x_ptr + xo, xy_off, m_xp, COMPUTE, X_AHEAD)
+        x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, X_AHEAD)
         g_off = go + rows[:, None] * gstride + offs_n[None, :]
         # the rows this pass adds to (written by pass A or by an earlier launch) are loaded before the chunk's dots,
         # which hide the loads' latency (loaded where they are added, they were a fifth of the kernel's stalls on an

@@ -34,7 +34,7 @@ __all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _forced = {"fwd": None, "bwd": None, "state": None, "pairs": None, "seg": None, "split": None, "ordered": None,
-           "fwd_heads": None, "pairs_ahead": None, "fwd_ahead": None}
+           "fwd_heads": None, "pairs_ahead": None, "fwd_ahead": None, "bwd_ahead": None}
 # "both" directions: the backward's segment kernel runs once per direction (the second launch adds to the first's
 # dx, dB, dC) instead of once with both directions in one program (fewer registers per program). "auto" (default):
 # two launches, except in BiMamba2 mode (SHARE) with headdim and d_state <= 64, where the one launch reuses the causal
@@ -118,7 +118,8 @@ _fwd_pairs_tuned = triton.autotune(
 # the backward adds to dx (and dB, dC) that an earlier launch wrote (ACC): the autotuner times each config on copies
 # restored after every timed call, so tuning never adds the same contribution twice
 _bwd_tuned = triton.autotune(
-    configs=BWD_CONFIGS, key=_KEY + ["SEPARATE", "GRAD_PER_HEAD", "ORDERED", "ACC", "DOT_ST", "DOT_RD", "DOT_LO"],
+    configs=BWD_CONFIGS,
+    key=_KEY + ["SEPARATE", "GRAD_PER_HEAD", "ORDERED", "ACC", "DOT_ST", "DOT_RD", "DOT_LO", "AHEAD"],
     prune_configs_by={"early_config_prune": prune_bwd_configs},
     restore_value=["dx_ptr", "dB_ptr", "dC_ptr", "cnt_ptr"], **_BENCH,
 )(_bi_ssd_bwd_kernel)
@@ -154,7 +155,7 @@ def interpreter_autotune():
 def force_config(fwd: int | None = None, bwd: int | None = None, state: int | None = None, seg: int | None = None,
                  split: bool | None = None, pairs: int | None = None, ordered: bool | None = None,
                  fwd_heads: int | None = None, pairs_ahead: int | None = None,
-                 fwd_ahead: int | None = None):
+                 fwd_ahead: int | None = None, bwd_ahead: int | None = None):
     """Run the kernels with ``FWD_CONFIGS[fwd]`` / ``BWD_CONFIGS[bwd]`` / ``STATE_CONFIGS[state]`` /
     ``PAIRS_CONFIGS[pairs]`` instead of
     autotuning, with segments of ``seg`` rows (a multiple of ``SEG_MULTIPLE``), and (``split``) with the backward's
@@ -162,7 +163,7 @@ def force_config(fwd: int | None = None, bwd: int | None = None, state: int | No
     in the segment kernel in head order (True; needs two launches) or per head (False), (``fwd_heads``) with that
     many heads per program of the forward's in-chunk pairs kernel (at most a group's), (``pairs_ahead``) with the
     backward's in-chunk pairs kernel's AHEAD bits (0-3: its docstring), (``fwd_ahead``) with the forward kernel's
-    (0-3). Arguments left ``None``
+    (0-3), (``bwd_ahead``) with the backward segment kernel's (0-7). Arguments left ``None``
     keep what an enclosing
     ``force_config`` set (nested calls add to each other)."""
     if seg is not None and (seg < SEG_MULTIPLE or seg % SEG_MULTIPLE):
@@ -174,8 +175,10 @@ def force_config(fwd: int | None = None, bwd: int | None = None, state: int | No
         raise ValueError(f"pairs_ahead must be 0, 1, 2 or 3, got {pairs_ahead}")
     if fwd_ahead is not None and fwd_ahead not in (0, 1, 2, 3):
         raise ValueError(f"fwd_ahead must be 0, 1, 2 or 3, got {fwd_ahead}")
+    if bwd_ahead is not None and bwd_ahead not in range(8):
+        raise ValueError(f"bwd_ahead must be one of 0-7, got {bwd_ahead}")
     given = dict(fwd=fwd, bwd=bwd, state=state, pairs=pairs, seg=seg, split=split, ordered=ordered,
-                 fwd_heads=fwd_heads, pairs_ahead=pairs_ahead, fwd_ahead=fwd_ahead)
+                 fwd_heads=fwd_heads, pairs_ahead=pairs_ahead, fwd_ahead=fwd_ahead, bwd_ahead=bwd_ahead)
     _forced.update({k: v for k, v in given.items() if v is not None})
     try:
         yield
@@ -229,6 +232,21 @@ def bwd_pairs_ahead(p, n) -> int:
     if forced is not None:
         return forced
     return 3 if kernel_tile(p) * kernel_tile(n) <= AHEAD_MAX_TILE.value else 2
+
+
+def bwd_ahead_bits(p, n) -> int:
+    """The backward segment kernel's AHEAD bits (its docstring: which of a chunk's inputs besides dt are loaded one
+    chunk ahead; 1 B and C, 2 dz, 4 x) at headdim ``p`` and d_state ``n``: all of them (7) where headdim x d_state tiles
+    are at most 32 x 32 (triton_kernels.AHEAD_MAX_TILE; session 11), B, C and dz (3) up to 64 x 64, dz alone (2) above.
+    On an H200 (bf16, that kernel's CUDA time, default configs; benchmarks/results/session27), against dt alone (0):
+    at b16 L1600 h8 p64 n64 3 took it from 0.435 to 0.422 ms (both directions in one launch) and from 0.240 to 0.203
+    (one direction), where 2 took 0.428 / 0.220 and 7 0.453 / 0.218; at the LM shape (p64 n128, one launch per
+    direction) 2 took it from 6.95 to 6.85 ms, where 3 took 7.50 and 7 7.69 (the tiles held ahead spill)."""
+    forced = _forced["bwd_ahead"]
+    if forced is not None:
+        return forced
+    tile = kernel_tile(p) * kernel_tile(n)
+    return 7 if tile <= AHEAD_MAX_TILE.value else 3 if tile <= 64 * 64 else 2
 
 
 def fwd_ahead_bits(p, n) -> int:
@@ -522,11 +540,11 @@ class _BiSSDFn(torch.autograd.Function):
             P=p, N=n, BLOCK_P=kernel_tile(p), BLOCK_N=kernel_tile(n), SEPARATE=separate,
             SHARE=share, HAS_D=has_d,
             D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head, ORDERED=ordered,
-            DOT_ST=dots["DOT_ST"], DOT_RD=dots["DOT_RD"], DOT_LO=dots["DOT_LO"], **common,
+            DOT_ST=dots["DOT_ST"], DOT_RD=dots["DOT_RD"], DOT_LO=dots["DOT_LO"], AHEAD=bwd_ahead_bits(p, n), **common,
         )
         grid = lambda meta: (b * h, nseg)  # noqa: E731
         bwd = functools.partial(_launch, _bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid)
-        pkw = {k: v for k, v in kwargs.items() if k not in ("HAS_D", "D_PER_P", "DOT_ST", "DOT_RD", "ORDERED")}
+        pkw = {k: v for k, v in kwargs.items() if k not in ("HAS_D", "D_PER_P", "DOT_ST", "DOT_RD", "ORDERED", "AHEAD")}
         pkw.update(DOT_MID=dots["DOT_MID"], DOT_IN=dots["DOT_IN"], AHEAD=bwd_pairs_ahead(p, n))
 
         def pairs(used, gB, gC, gBb, gCb, oB, oC, oBb, oCb, **flags):
