@@ -1229,11 +1229,12 @@ def _bi_ssd_bwd_pairs_kernel(
     """The backward's in-chunk pairs, one program per (batch * group, chunk): no state, so every chunk runs in
     parallel. It walks the group's heads in order; for each it adds to dx and the scratch's ddt slots what
     _bi_ssd_bwd_kernel (same BLOCK_Q: the same chunks) wrote, writes the in-chunk log-decay gradients (slot 5; slot 2
-    added to), and adds the head's dB, dC rows of the segment kernel (dB_ptr / dC_ptr) to the group's sums; after the
-    heads it adds the in-chunk terms of them all (one product with the group's B and C of the heads' summed pair
-    tiles) and stores the sums into oB, oC (oBb, oCb) in their dtype: the per-head buffers (GRAD_PER_HEAD) are
-    summed over each group's heads here, in head order, without a kernel of their own; rows of the group (ngroups ==
-    nheads, or the segment kernel's ORDERED sums) are added once, with the group's first head. With ngroups == nheads
+    added to), and sums the heads' in-chunk pair tiles; after the heads it sums the segment kernel's dB, dC rows
+    (dB_ptr / dC_ptr) of the group's heads in head order, adds the in-chunk terms of them all (one product with the
+    group's B and C of the heads' summed pair tiles) and stores the sums into oB, oC (oBb, oCb) in their dtype
+    (_store_group_sums): the per-head buffers (GRAD_PER_HEAD) are summed over each group's heads here, without a
+    kernel of their own; rows of the group (ngroups == nheads, or the segment kernel's ORDERED sums) are one part.
+    With ngroups == nheads
     a group is one head, and the partial and the output may be one tensor (each row is read before it is written).
     AHEAD (bits): 1, each head's x, dt and dz are loaded one head ahead of their use (the first head's before the
     loop); 2, the dx and scratch rows a head adds to are loaded at its start, before its products, not after them. The
@@ -1360,19 +1361,32 @@ def _cb_tiles(B_ptrs, C_ptrs, mask, COMPUTE: tl.constexpr, DOT_IN: tl.constexpr)
 @triton.jit
 def _store_group_sums(oB_ptrs, oC_ptrs, B_ptrs, C_ptrs, pB_ptrs, pC_ptrs, n_parts, part_stride, mask, msum,
                       COMPUTE: tl.constexpr, DOT_LO: tl.constexpr):
-    """Store a group's dB = msum^T C + its parts and dC = msum B + its parts, in the outputs' dtype: msum is the sum of
+    """Store a group's dB = its parts + msum^T C and dC = its parts + msum B, in the outputs' dtype: msum is the sum of
     its heads' in-chunk pair tiles, the parts the segment kernel's rows (pB_ptrs / pC_ptrs, then n_parts - 1 more sets
-    part_stride elements apart), added in order in fp32. Apart from the heads' loop, so that only msum stays in
-    registers through it."""
-    Bv = tl.load(B_ptrs, mask=mask, other=0.0).to(COMPUTE)
+    part_stride elements apart), summed in order in fp32 (_parts_sum). Apart from the heads' loop, so that only msum
+    stays in registers through it; dB is stored before dC's parts are read (one sum in registers at a time)."""
     Cv = tl.load(C_ptrs, mask=mask, other=0.0).to(COMPUTE)
-    sumB = _dot(tl.trans(msum), Cv, DOT_LO)
-    sumC = _dot(msum, Bv, DOT_LO)
-    for j in range(0, n_parts):
-        sumB += tl.load(pB_ptrs + j * part_stride, mask=mask, other=0.0).to(COMPUTE)
-        sumC += tl.load(pC_ptrs + j * part_stride, mask=mask, other=0.0).to(COMPUTE)
+    sumB = _parts_sum(pB_ptrs, n_parts, part_stride, mask, COMPUTE) + _dot(tl.trans(msum), Cv, DOT_LO)
     tl.store(oB_ptrs, sumB.to(oB_ptrs.dtype.element_ty), mask=mask)
+    Bv = tl.load(B_ptrs, mask=mask, other=0.0).to(COMPUTE)
+    sumC = _parts_sum(pC_ptrs, n_parts, part_stride, mask, COMPUTE) + _dot(msum, Bv, DOT_LO)
     tl.store(oC_ptrs, sumC.to(oC_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _parts_sum(ptrs, n_parts, stride, mask, COMPUTE: tl.constexpr):
+    """sum_j ptrs[j * stride] (j < n_parts, at least 1) in fp32, added in order, in the layout the rows are loaded in:
+    added to the product of another layout, each part cost a trip through shared memory, one after the other (a
+    fifth of the pairs kernel's stall samples on an H200, benchmarks/results/session27); two parts' loads are issued
+    together."""
+    acc = tl.load(ptrs, mask=mask, other=0.0).to(COMPUTE)
+    for j in range(1, n_parts, 2):
+        two = j + 1 < n_parts
+        a = tl.load(ptrs + j * stride, mask=mask, other=0.0)
+        b = tl.load(ptrs + (j + 1) * stride, mask=mask & two, other=0.0)
+        acc += a.to(COMPUTE)
+        acc = tl.where(two, acc + b.to(COMPUTE), acc)
+    return acc
 
 
 @triton.jit
