@@ -1234,8 +1234,8 @@ def _bi_ssd_bwd_pairs_kernel(
     group's B and C of the heads' summed pair tiles) and stores the sums into oB, oC (oBb, oCb) in their dtype
     (_store_group_sums): the per-head buffers (GRAD_PER_HEAD) are summed over each group's heads here, without a
     kernel of their own; rows of the group (ngroups == nheads, or the segment kernel's ORDERED sums) are one part.
-    With ngroups == nheads
-    a group is one head, and the partial and the output may be one tensor (each row is read before it is written).
+    With ngroups == nheads a group is one head, and the partial and the output may be one tensor (each row is read
+    before it is written).
     AHEAD (bits): 1, each head's x, dt and dz are loaded one head ahead of their use (the first head's before the
     loop); 2, the dx and scratch rows a head adds to are loaded at its start, before its products, not after them. The
     result is the same (the same arithmetic in the same order)."""
