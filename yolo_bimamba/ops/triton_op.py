@@ -171,12 +171,9 @@ def force_config(fwd: int | None = None, bwd: int | None = None, state: int | No
     old = dict(_forced)
     if fwd_heads is not None and fwd_heads < 1:
         raise ValueError(f"fwd_heads must be >= 1, got {fwd_heads}")
-    if pairs_ahead is not None and pairs_ahead not in (0, 1, 2, 3):
-        raise ValueError(f"pairs_ahead must be 0, 1, 2 or 3, got {pairs_ahead}")
-    if fwd_ahead is not None and fwd_ahead not in (0, 1, 2, 3):
-        raise ValueError(f"fwd_ahead must be 0, 1, 2 or 3, got {fwd_ahead}")
-    if bwd_ahead is not None and bwd_ahead not in range(8):
-        raise ValueError(f"bwd_ahead must be one of 0-7, got {bwd_ahead}")
+    for name, bits, top in (("pairs_ahead", pairs_ahead, 3), ("fwd_ahead", fwd_ahead, 3), ("bwd_ahead", bwd_ahead, 7)):
+        if bits is not None and bits not in range(top + 1):
+            raise ValueError(f"{name} must be one of 0-{top}, got {bits}")
     given = dict(fwd=fwd, bwd=bwd, state=state, pairs=pairs, seg=seg, split=split, ordered=ordered,
                  fwd_heads=fwd_heads, pairs_ahead=pairs_ahead, fwd_ahead=fwd_ahead, bwd_ahead=bwd_ahead)
     _forced.update({k: v for k, v in given.items() if v is not None})
@@ -544,7 +541,8 @@ class _BiSSDFn(torch.autograd.Function):
         )
         grid = lambda meta: (b * h, nseg)  # noqa: E731
         bwd = functools.partial(_launch, _bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid)
-        pkw = {k: v for k, v in kwargs.items() if k not in ("HAS_D", "D_PER_P", "DOT_ST", "DOT_RD", "ORDERED", "AHEAD")}
+        # (the pairs kernel's own AHEAD replaces the segment kernel's)
+        pkw = {k: v for k, v in kwargs.items() if k not in ("HAS_D", "D_PER_P", "DOT_ST", "DOT_RD", "ORDERED")}
         pkw.update(DOT_MID=dots["DOT_MID"], DOT_IN=dots["DOT_IN"], AHEAD=bwd_pairs_ahead(p, n))
 
         def pairs(used, gB, gC, gBb, gCb, oB, oC, oBb, oCb, **flags):
