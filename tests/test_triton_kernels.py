@@ -1016,6 +1016,37 @@ def test_backward_reads_the_forwards_boundary_states(monkeypatch):
     assert not bool(torch.isfinite(leaves[4].grad).all()) and bool(torch.isfinite(leaves[0].grad).all())
 
 
+@pytest.mark.parametrize("opt", [dict(direction="both", shift=True, sep=True), dict(direction="backward"),
+                                 dict(direction="both", g=2, h=4)])
+def test_kernels_after_the_forward_kernel_read_its_processed_dt(monkeypatch, opt):
+    """The forward kernel stores each direction's processed dt (softplus, bias, limits); the forward pairs kernel and
+    the backward's state, segment and pairs kernels read it as it is (no softplus, no bias), and only the last pass
+    (ddt, dA, d dt_bias) takes dt as given. Over several segments, two headdim blocks (the first block's programs
+    store it) and active limits, against the float64 reference with every buffer NaN-poisoned (a row the forward
+    kernel did not store would poison the gradients)."""
+    seen = []
+    orig = triton_op._launch
+
+    def spy(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg=None):
+        seen.append((which, kwargs.get("GRAD"), kwargs["SOFTPLUS"], kwargs["HAS_BIAS"]))
+        return orig(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg)
+
+    monkeypatch.setattr(triton_op, "_launch", spy)
+    opt = dict(opt)
+    direction, shift = opt.pop("direction"), opt.pop("shift", False)
+    args, kw = make_inputs(l=3 * SEG_MULTIPLE + 5, p=40, dt_limit=(0.05, 0.9), seed=31, **opt)
+    kw.update(direction=direction, shift=shift)
+    assert kw["dt_softplus"] and kw["dt_bias"] is not None
+    with force_config(seg=SEG_MULTIPLE, fwd=_first_with_q(FWD_CONFIGS, 32)):
+        assert FWD_CONFIGS[_first_with_q(FWD_CONFIGS, 32)].kwargs["BLOCK_P"] < 40  # two headdim blocks
+        check_case(args, kw, None, 0)
+    as_given, processed = (True, True), (False, False)
+    want = [("state", False, *as_given), ("fwd", None, *as_given), ("pairs", None, *processed),
+            ("state", True, *processed)]
+    assert seen[:4] == want, seen
+    assert {s[0] for s in seen[4:]} == {"bwd", "pairs"} and all(s[2:] == processed for s in seen[4:]), seen
+
+
 def test_sizes_beyond_the_kernels_are_refused_before_launch():
     """headdim / d_state the kernels cannot hold in shared memory (measured for sm_90, see
     validate.triton_dims_supported): backend="triton" raises a ValueError naming both sizes, before any launch;

@@ -356,18 +356,20 @@ def _entry_state(st_ptr, pid_bh, seg, nseg, tile, m_st, SIDE: tl.constexpr, N: t
 
 @triton.jit
 def _bi_ssd_fwd_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, y_ptr, st_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dtb_ptr, Bb_ptr, Cb_ptr, y_ptr, st_ptr, dtp_ptr, dtbp_ptr,
     L, H, G, SEG, dt_lo, dt_hi,
     P: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr,
     DO_F: tl.constexpr, DO_B: tl.constexpr, SHIFT: tl.constexpr,
     HAS_D: tl.constexpr, D_PER_P: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-    COMPUTE: tl.constexpr, AHEAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
+    COMPUTE: tl.constexpr, AHEAD: tl.constexpr, STORE_DT: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     """The forward's state terms (pairs across chunks) and D x, one program per (batch * head, block of headdim,
     segment); _bi_ssd_fwd_pairs_kernel adds the pairs inside each chunk afterwards. AHEAD (bits): 1, each chunk's dt,
     x and C are loaded one chunk ahead of their use (B is loaded at its use, after the read-out); 2, with both
     directions, the anti-causal pass reads the causal pass's y of a chunk before the chunk's products, not after them.
-    The result is the same (the same arithmetic)."""
+    The result is the same (the same arithmetic). STORE_DT (bits): the programs of the first headdim block store the
+    processed dt (softplus, bias, limits) of the causal pass into dtp (1) and of the anti-causal pass into dtbp (2), in
+    the compute dtype, for the kernels after this one, which then read it as it is instead of computing it again."""
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
     seg = tl.program_id(2)
@@ -379,6 +381,8 @@ def _bi_ssd_fwd_kernel(
     y_base = y_ptr + b64 * L * H * P + hidx * P
     dt_base = dt_ptr + b64 * L * H + hidx
     dtb_base = dtb_ptr + b64 * L * H + hidx
+    dtp_base = dtp_ptr + b64 * L * H + hidx
+    dtbp_base = dtbp_ptr + b64 * L * H + hidx
     bc_off = b64 * L * G * N + gidx * N
     _A_raw, A_h, bias = _head_params(A_ptr, bias_ptr, hidx, HAS_BIAS, COMPUTE)
     if HAS_D:
@@ -414,6 +418,8 @@ def _bi_ssd_fwd_kernel(
                                                H, H * P, G * N, -1 if SHIFT else 0)
             dtv, a, cs, cs_last, tail = _decay_of_raw(r_dt.to(COMPUTE), bias, A_h, mrow, offs_q, dt_lo, dt_hi,
                                                       SOFTPLUS, BLOCK_Q)
+            if STORE_DT % 2 == 1:
+                tl.store(dtp_base + rows * H, dtv.to(dtp_ptr.dtype.element_ty), mask=mrow & (pid_p == 0))
             xv = r_x.to(COMPUTE)
             Cv = r_C.to(COMPUTE)
             # from the chunk's start to row t: steps ..t (rowd = cs), with the shift ..t-1 (C_{t-1} reads the state
@@ -455,6 +461,8 @@ def _bi_ssd_fwd_kernel(
                                                L, H, H * P, G * N, 1 if SHIFT else 0)
             dtv, a, cs, cs_last, tail = _decay_of_raw(r_dt.to(COMPUTE), bias, A_h, mrow, offs_q, dt_lo, dt_hi,
                                                       SOFTPLUS, BLOCK_Q)
+            if STORE_DT >= 2:
+                tl.store(dtbp_base + rows * H, dtv.to(dtbp_ptr.dtype.element_ty), mask=mrow & (pid_p == 0))
             csx = cs - a
             xv = r_x.to(COMPUTE)
             Cv = r_C.to(COMPUTE)

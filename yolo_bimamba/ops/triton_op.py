@@ -394,6 +394,12 @@ def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias, s
     return seg, nseg, st
 
 
+# what the kernels after the forward kernel are launched with: they read the processed dt it stored (dtp, dtbp) as it
+# is (no bias, no softplus; limits that clamp nothing)
+_PROCESSED = dict(HAS_BIAS=False, SOFTPLUS=False)
+_PROCESSED_LIMITS = (float("-inf"), float("inf"))
+
+
 def _split_directions(p, n, share) -> bool:
     """Whether the backward runs its two directions in two launches (see _SPLIT_DIRECTIONS)."""
     if _SPLIT_DIRECTIONS in _OFF:
@@ -449,21 +455,28 @@ class _BiSSDFn(torch.autograd.Function):
         # the backward reads the forward's boundary states S_f, S_b (computed at its precision when it will run)
         wants_grad = any(ctx.needs_input_grad)
         seg, nseg, st = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, None, opts, has_bias, exact=wants_grad)
-        args = (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, y, st, l, h, g, seg, lo, hi)
+        # the processed dt (softplus, bias, limits) of each direction, stored by the forward kernel for the kernels
+        # after it (they read it as it is: _PROCESSED)
+        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        dtp = _alloc(dt.shape, cdt, x.device)
+        dtbp = _alloc(dt.shape, cdt, x.device) if separate and do_b else dtp
+        store_dt = (1 if do_f else 0) + (2 if do_b and (separate or not do_f) else 0)
+        args = (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, y, st, dtp, dtbp, l, h, g, seg, lo, hi)
         common = dict(P=p, N=n, BLOCK_N=kernel_tile(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias,
                       SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype))
         used = _launch(_bi_ssd_fwd_kernel, _fwd_tuned, FWD_CONFIGS, "fwd",
                        lambda meta: (b * h, _cdiv(p, meta["BLOCK_P"]), nseg), args,
-                       dict(common, HAS_D=has_d, D_PER_P=has_d and D.dim() == 2, AHEAD=fwd_ahead_bits(p, n)))
+                       dict(common, HAS_D=has_d, D_PER_P=has_d and D.dim() == 2, AHEAD=fwd_ahead_bits(p, n),
+                            STORE_DT=store_dt))
         # the in-chunk pairs, in the chunks and headdim blocks of the forward kernel's config
         q, bp = _chunk_tile(used, "forward")
         # (C B^T once per program, for each of its heads: fwd_pairs_heads)
         heads = fwd_pairs_heads(b, g, h // g, _cdiv(p, bp) * _cdiv(l, q), n, x.device)
         _launch(_bi_ssd_fwd_pairs_kernel, _fwd_pairs_tuned, PAIRS_CONFIGS, "pairs",
                 lambda meta: (b * g * _cdiv(h // g, heads), _cdiv(p, bp), _cdiv(l, q)),
-                (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, y, l, h, g, heads, lo, hi),
-                dict(common, SHARE=_shares(opts, separate), GROUPED=heads > 1, BLOCK_Q=q, BLOCK_P=bp))
-        ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd,
+                (x, dtp, A, B, C, x, dtbp, Bb, Cb, y, l, h, g, heads, *_PROCESSED_LIMITS),
+                dict(common, **_PROCESSED, SHARE=_shares(opts, separate), GROUPED=heads > 1, BLOCK_Q=q, BLOCK_P=bp))
+        ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd, dtp, dtbp if separate and do_b else None,
                               st if wants_grad and nseg > 1 else None)
         ctx.opts, ctx.seg = opts, seg
         return y.to(x.dtype)
@@ -471,8 +484,10 @@ class _BiSSDFn(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, dy):
-        x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd, st = ctx.saved_tensors
+        x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd, dtp, dtbp, st = ctx.saved_tensors
         dt_softplus, lo, hi, do_f, do_b, shift = ctx.opts
+        if dtbp is None:
+            dtbp = dtp
         b, l, h, p = x.shape
         g, n = B.shape[2], B.shape[3]
         dev = x.device
@@ -508,7 +523,10 @@ class _BiSSDFn(torch.autograd.Function):
         scr = _alloc((b * h, 6, l), cdt, dev)
         has_d, has_bias = D is not None, dt_bias is not None
         bias_arg = dt_bias if has_bias else x
-        seg, nseg, gst = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, ctx.opts, has_bias, seg=ctx.seg)
+        # the segment, state and pairs kernels read the forward's processed dt (dtp, dtbp) as it is; the last pass
+        # (ddt, dA, d dt_bias) takes dt as given, with its softplus, bias and limits
+        seg, nseg, gst = _segment_states(x, dtp, A, B, C, x, dtbp, Bb, Cb, dy,
+                                         (False, *_PROCESSED_LIMITS, do_f, do_b, shift), False, seg=ctx.seg)
         if st is None:  # one segment: no states in the forward either (gst is the stand-in)
             if nseg > 1:
                 raise RuntimeError("bi_ssd_triton: the forward kept no boundary states for the backward")
@@ -517,12 +535,11 @@ class _BiSSDFn(torch.autograd.Function):
         part = _alloc((b, h, 2), cdt, dev)
         # ORDERED: two ticket slots, then a counter per (batch * group, dB / dC, chunk), all zero
         cnt = torch.zeros(2 + 2 * b * g * _cdiv(l, _MIN_BWD_Q), dtype=torch.int32, device=dev) if ordered else part
-        common = dict(DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
-                      COMPUTE=compute_dtype(x.dtype))
+        common = dict(DO_F=do_f, DO_B=do_b, SHIFT=shift, **_PROCESSED, COMPUTE=compute_dtype(x.dtype))
 
         def args(gB, gC, gBb, gCb):
-            return (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, dy,
-                    dx, gB, gC, ddt, gBb, gCb, ddtb, scr, part_d, st, gst, cnt, l, h, g, seg, lo, hi)
+            return (x, dtp, A, B, C, D if has_d else x, x, dtbp, Bb, Cb, dy,
+                    dx, gB, gC, ddt, gBb, gCb, ddtb, scr, part_d, st, gst, cnt, l, h, g, seg, *_PROCESSED_LIMITS)
 
         dots = _dot_precisions(x)
 
@@ -550,8 +567,8 @@ class _BiSSDFn(torch.autograd.Function):
             # one program per (batch * group, chunk)
             q = _chunk_tile(used, "backward")[0]
             _launch(_bi_ssd_bwd_pairs_kernel, _pairs_tuned, PAIRS_CONFIGS, "pairs", lambda meta: (b * g, _cdiv(l, q)),
-                    (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, dx, gB, gC, gBb, gCb, oB, oC, oBb, oCb, scr, l, h, g,
-                     lo, hi),
+                    (x, dtp, A, B, C, x, dtbp, Bb, Cb, dy, dx, gB, gC, gBb, gCb, oB, oC, oBb, oCb, scr, l, h, g,
+                     *_PROCESSED_LIMITS),
                     {**pkw, **flags, "BLOCK_Q": q})
 
         gB, gC = outputs(dB, dC, B, C)
