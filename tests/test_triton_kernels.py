@@ -707,8 +707,8 @@ def test_second_backward_launch_runs_the_first_launchs_config(monkeypatch):
         def get(self, key, default=None):
             which, kwargs = key[0], dict(key[1])
             if which != "bwd":
-                return {"fwd": FWD_CONFIGS, "state": STATE_CONFIGS, "pairs": PAIRS_CONFIGS}[which][
-                    triton_op.DEFAULT_CONFIGS[which]]
+                configs = dict(fwd=FWD_CONFIGS, state=STATE_CONFIGS, pairs=PAIRS_CONFIGS, fwd_pairs=PAIRS_CONFIGS)
+                return configs[which][triton_op.DEFAULT_CONFIGS[which]]
             return big if kwargs["DO_F"] else small
 
     launched = []
@@ -1041,7 +1041,7 @@ def test_kernels_after_the_forward_kernel_read_its_processed_dt(monkeypatch, opt
         assert FWD_CONFIGS[_first_with_q(FWD_CONFIGS, 32)].kwargs["BLOCK_P"] < 40  # two headdim blocks
         check_case(args, kw, None, 0)
     as_given, processed = (True, True), (False, False)
-    want = [("state", False, *as_given), ("fwd", None, *as_given), ("pairs", None, *processed),
+    want = [("state", False, *as_given), ("fwd", None, *as_given), ("fwd_pairs", None, *processed),
             ("state", True, *processed)]
     assert seen[:4] == want, seen
     assert {s[0] for s in seen[4:]} == {"bwd", "pairs"} and all(s[2:] == processed for s in seen[4:]), seen
@@ -1105,20 +1105,24 @@ def test_default_backward_config_rule(monkeypatch):
     assert rule("fwd", dict(P=16, N=16)) == rule("fwd", dict(P=32, N=32)) == triton_op.DEFAULT_FWD_SMALL
     assert rule("fwd", dict(P=64, N=32)) == triton_op.DEFAULT_CONFIGS["fwd"]
     assert FWD_CONFIGS[triton_op.DEFAULT_FWD_SMALL].kwargs == dict(BLOCK_Q=64, BLOCK_P=32)
-    # the pairs kernels: 2 warps in chunks of 32 rows; in chunks of 64, 4 at headdim or d_state 64 and 2 at 32 (as
-    # measured on an H200)
-    assert PAIRS_CONFIGS[rule("pairs", dict(P=32, N=32, BLOCK_Q=32))].num_warps == 2
-    assert PAIRS_CONFIGS[rule("pairs", dict(P=64, N=64, BLOCK_Q=64))].num_warps == 4
-    assert PAIRS_CONFIGS[rule("pairs", dict(P=64, N=32, BLOCK_Q=64))].num_warps == 4
-    assert PAIRS_CONFIGS[rule("pairs", dict(P=32, N=32, BLOCK_Q=64))].num_warps == 2
+    # the backward's pairs kernel: 2 warps in chunks of 32 rows, 4 in chunks of 64; the forward's: 2 warps in chunks
+    # of either size (as measured on an H200)
+    for pn in (dict(P=32, N=32), dict(P=64, N=64), dict(P=64, N=32), dict(P=64, N=128)):
+        assert PAIRS_CONFIGS[rule("pairs", dict(pn, BLOCK_Q=32))].num_warps == 2
+        assert PAIRS_CONFIGS[rule("pairs", dict(pn, BLOCK_Q=64))].num_warps == 4
+        assert PAIRS_CONFIGS[rule("fwd_pairs", dict(pn, BLOCK_Q=32))].num_warps == 2
+        assert PAIRS_CONFIGS[rule("fwd_pairs", dict(pn, BLOCK_Q=64))].num_warps == 2
     launched = []
     orig = triton_op._run_config
 
     def spy(jit_fn, grid_fn, args, kwargs, cfg):
         if jit_fn is triton_op._bi_ssd_bwd_kernel:
             launched.append((kwargs["P"], cfg))
+        elif jit_fn is triton_op._bi_ssd_fwd_pairs_kernel:
+            fwd_pairs.append((kwargs["BLOCK_Q"], cfg.num_warps))
         return orig(jit_fn, grid_fn, args, kwargs, cfg)
 
+    fwd_pairs = []
     monkeypatch.setattr(triton_op, "_run_config", spy)
     for p in (16, 64):
         args, kw = make_inputs(b=1, l=40, h=2, g=1, p=p, n=16)
@@ -1126,6 +1130,8 @@ def test_default_backward_config_rule(monkeypatch):
     # (BiMamba2 mode: one backward launch for both directions at these sizes, see test_split_directions_rule)
     assert launched == [(16, BWD_CONFIGS[triton_op.DEFAULT_BWD_SMALL]),
                         (64, BWD_CONFIGS[triton_op.DEFAULT_CONFIGS["bwd"]])], launched
+    # the forward's pairs kernel in the chunks of 64 of the forward's default configs, with 2 warps
+    assert fwd_pairs == [(64, 2), (64, 2)], fwd_pairs
 
 
 def test_split_directions_rule(monkeypatch):

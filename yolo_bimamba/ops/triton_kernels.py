@@ -114,10 +114,10 @@ BWD_CONFIGS = [
 ]
 
 
-# the backward's in-chunk pairs (one chunk per program): warps only, BLOCK_Q is the segment kernel's (the same chunks).
-# In chunks of 32 rows 2 warps were the fastest on an H200 at every profiled shape (b32 L1600 h8 p32 n32: 0.188 ms,
-# 4 warps 0.310, 8 warps 0.826; b16 L1600 h8 p64 n64: 0.159 / 0.176 / 0.238: benchmarks/results/session10); in chunks
-# of 64 see triton_op.DEFAULT_PAIRS_Q64
+# the in-chunk pairs kernels (one chunk per program): warps only, BLOCK_Q is the segment kernel's (the same chunks).
+# The backward's in chunks of 32 rows: 2 warps were the fastest on an H200 at every profiled shape (b32 L1600 h8 p32
+# n32: 0.188 ms, 4 warps 0.310, 8 warps 0.826; b16 L1600 h8 p64 n64: 0.159 / 0.176 / 0.238:
+# benchmarks/results/session10); in chunks of 64, and the forward's, see triton_op.DEFAULT_PAIRS_Q64 and DEFAULT_CONFIGS
 PAIRS_CONFIGS = [triton.Config({}, num_warps=nw) for nw in (2, 4, 8)]
 
 

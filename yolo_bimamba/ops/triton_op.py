@@ -61,7 +61,11 @@ _PROGRAMS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_PROGRAMS_PER_SM", "2"))
 _FWD_PAIRS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_FWD_PAIRS_PER_SM", "4"))
 # YOLO_BIMAMBA_AUTOTUNE=0: no autotuning (no compile of every config on first use); default_config's configs are used
 _AUTOTUNE = os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1") not in ("", "0")
-DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 3, "pairs": 0}
+# ("pairs" is the backward's in-chunk pairs kernel, "fwd_pairs" the forward's, which force_config(pairs=) forces too;
+# the forward's runs 2 warps at every chunk size: in chunks of 64 on an H200, bf16, its CUDA time over three rounds,
+# 0.050 ms against 0.058-0.060 with 4 warps at b16 L1600 h8 p64 n64, 0.56-0.57 against 0.57-0.58 at the LM shape and
+# 0.33 against 0.45 there with one direction; benchmarks/results/session28)
+DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 3, "pairs": 0, "fwd_pairs": 0}
 # ... except the backward at headdim and d_state <= 32 (the detection models' shapes): there the two-stage config was
 # 7-10 % faster than config 0 on an H200 (benchmarks/results/session9/dedup-prof-f9c7dcb.json); at 64 it was 26 % slower
 DEFAULT_BWD_SMALL = 3
@@ -69,12 +73,11 @@ DEFAULT_BWD_SMALL = 3
 # kernel on an H200 (b32 L1600 h8 p32 n32: 1.153 vs 1.182 ms per fwd+bwd; b32 L400 h16: 0.578 vs 0.595;
 # benchmarks/results/session10/ab5-B-fwd-cfgs.json)
 DEFAULT_FWD_SMALL = 1
-# the in-chunk pairs kernels in chunks of 64 rows: 4 warps (PAIRS_CONFIGS[1]) at headdim or d_state 64 (b16 L1600 h8 p64
-# n64 on an H200: backward pairs 0.226 ms, 2 warps 0.301, 8 warps 0.355), 2 warps at 32 (b32 L1600 h8 p32 n32: 0.252
-# ms, 4 warps 0.345, 8 warps 0.606; benchmarks/results/session11/pairs-q64-B.json), although there they need 255
-# registers and spill on sm_90 (896 bytes of stack per thread) and 4 warps do not
+# the backward's in-chunk pairs kernel in chunks of 64 rows (backward configs with BLOCK_Q 64): 4 warps
+# (PAIRS_CONFIGS[1]); on an H200 (bf16, the processed dt read as it is; benchmarks/results/session28) 0.182 ms at b16
+# L1600 h8 p64 n64 against 0.331 with 2 warps, and 0.295 against 0.424 at b32 L1600 h8 p32 n32 (where session 11's
+# kernel had been faster with 2)
 DEFAULT_PAIRS_Q64 = 1
-DEFAULT_PAIRS_Q64_SMALL = 0
 
 
 def default_config(which, kwargs) -> int:
@@ -82,7 +85,7 @@ def default_config(which, kwargs) -> int:
     if which in ("bwd", "fwd") and max(kwargs["P"], kwargs["N"]) <= 32:
         return DEFAULT_BWD_SMALL if which == "bwd" else DEFAULT_FWD_SMALL
     if which == "pairs" and kwargs["BLOCK_Q"] >= 64:
-        return DEFAULT_PAIRS_Q64_SMALL if max(kwargs["P"], kwargs["N"]) <= 32 else DEFAULT_PAIRS_Q64
+        return DEFAULT_PAIRS_Q64
     return DEFAULT_CONFIGS[which]
 
 
@@ -285,7 +288,7 @@ def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg=None):
     where the autotuner ran but did not say which it chose)."""
     if cfg is not None:
         return _run_config(jit_fn, grid_fn, args, kwargs, cfg)
-    idx = _forced[which]
+    idx = _forced["pairs" if which == "fwd_pairs" else which]  # (pairs= forces both pairs kernels)
     if idx is None and ((_INTERPRET and not _TUNE_IN_INTERPRETER) or not _AUTOTUNE):
         # under the interpreter the tests force each config explicitly (interpreter_autotune() runs the tuners, timed
         # on the CPU); without autotuning, the config that was fastest on an H200 at the detection shapes
@@ -472,7 +475,7 @@ class _BiSSDFn(torch.autograd.Function):
         q, bp = _chunk_tile(used, "forward")
         # (C B^T once per program, for each of its heads: fwd_pairs_heads)
         heads = fwd_pairs_heads(b, g, h // g, _cdiv(p, bp) * _cdiv(l, q), n, x.device)
-        _launch(_bi_ssd_fwd_pairs_kernel, _fwd_pairs_tuned, PAIRS_CONFIGS, "pairs",
+        _launch(_bi_ssd_fwd_pairs_kernel, _fwd_pairs_tuned, PAIRS_CONFIGS, "fwd_pairs",
                 lambda meta: (b * g * _cdiv(h // g, heads), _cdiv(p, bp), _cdiv(l, q)),
                 (x, dtp, A, B, C, x, dtbp, Bb, Cb, y, l, h, g, heads, *_PROCESSED_LIMITS),
                 dict(common, **_PROCESSED, SHARE=_shares(opts, separate), GROUPED=heads > 1, BLOCK_Q=q, BLOCK_P=bp))
