@@ -1,0 +1,21 @@
+#!/bin/bash
+# Session 28, fourth GPU call (H200): the in-chunk pairs kernels in chunks of 64 rows (the default config picks 4 warps
+# there at headdim or d_state 64; the third call found 2 warps faster for the forward's): the backward pairs kernel
+# in chunks of 64 (backward config 2, BLOCK_Q 64) with 2 / 4 warps at b16 L1600 h8 p64 n64 and b32 L1600 h8 p32 n32,
+# two rounds; the pairs configs at default backward configs once more. From the repository root.
+set -u
+. benchmarks/results/session26/lib.sh  # start_call, prof
+start_call
+S=b16_L1600_h8_p64_n64,b32_L1600_h8_p32_n32 prof q64-r1 $PWD --directions both,forward --bwd-cfgs 2 --pairs-cfgs 0,1
+S=b16_L1600_h8_p64_n64,b32_L1600_h8_p32_n32 prof q64-r2 $PWD --directions both,forward --bwd-cfgs 2 --pairs-cfgs 1,0
+prof pc-r3 $PWD --directions both,forward --pairs-cfgs 1,0
+python - $W <<'PY'
+import json, sys, glob, os
+for f in sorted(glob.glob(sys.argv[1] + "/*-r[123].json")):
+    for r in json.load(open(f))["runs"]:
+        k = r["kernels_ms"]
+        print(f'{os.path.basename(f)[:-5]:6s} {r["shape"][:13]:13s} {r["direction"][:4]} bc={r.get("bwd_cfg")} pc={r.get("pairs_cfg")} '
+              f'tot {r["total_ms"]:.3f} bwd {k.get("_bi_ssd_bwd_kernel", 0):.3f} '
+              f'bp {k.get("_bi_ssd_bwd_pairs_kernel", 0):.3f} fwd {k.get("_bi_ssd_fwd_kernel", 0):.3f} fp {k.get("_bi_ssd_fwd_pairs_kernel", 0):.3f}')
+PY
+cd $W && tar czf $FINAL/all.tgz . && echo packed t=$SECONDS
