@@ -9,13 +9,5 @@ start_call
 S=b16_L1600_h8_p64_n64,b32_L1600_h8_p32_n32 prof q64-r1 $PWD --directions both,forward --bwd-cfgs 2 --pairs-cfgs 0,1
 S=b16_L1600_h8_p64_n64,b32_L1600_h8_p32_n32 prof q64-r2 $PWD --directions both,forward --bwd-cfgs 2 --pairs-cfgs 1,0
 prof pc-r3 $PWD --directions both,forward --pairs-cfgs 1,0
-python - $W <<'PY'
-import json, sys, glob, os
-for f in sorted(glob.glob(sys.argv[1] + "/*-r[123].json")):
-    for r in json.load(open(f))["runs"]:
-        k = r["kernels_ms"]
-        print(f'{os.path.basename(f)[:-5]:6s} {r["shape"][:13]:13s} {r["direction"][:4]} bc={r.get("bwd_cfg")} pc={r.get("pairs_cfg")} '
-              f'tot {r["total_ms"]:.3f} bwd {k.get("_bi_ssd_bwd_kernel", 0):.3f} '
-              f'bp {k.get("_bi_ssd_bwd_pairs_kernel", 0):.3f} fwd {k.get("_bi_ssd_fwd_kernel", 0):.3f} fp {k.get("_bi_ssd_fwd_pairs_kernel", 0):.3f}')
-PY
+python benchmarks/results/session28/knobs_summary.py $W  # (this code ran inline in the call; moved there afterwards)
 cd $W && tar czf $FINAL/all.tgz . && echo packed t=$SECONDS
