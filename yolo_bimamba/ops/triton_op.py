@@ -479,7 +479,7 @@ class _BiSSDFn(torch.autograd.Function):
                 lambda meta: (b * g * _cdiv(h // g, heads), _cdiv(p, bp), _cdiv(l, q)),
                 (x, dtp, A, B, C, x, dtbp, Bb, Cb, y, l, h, g, heads, *_PROCESSED_LIMITS),
                 dict(common, **_PROCESSED, SHARE=_shares(opts, separate), GROUPED=heads > 1, BLOCK_Q=q, BLOCK_P=bp))
-        ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd, dtp, dtbp if separate and do_b else None,
+        ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd, dtp, None if dtbp is dtp else dtbp,
                               st if wants_grad and nseg > 1 else None)
         ctx.opts, ctx.seg = opts, seg
         return y.to(x.dtype)
@@ -529,7 +529,8 @@ class _BiSSDFn(torch.autograd.Function):
         # the segment, state and pairs kernels read the forward's processed dt (dtp, dtbp) as it is; the last pass
         # (ddt, dA, d dt_bias) takes dt as given, with its softplus, bias and limits
         seg, nseg, gst = _segment_states(x, dtp, A, B, C, x, dtbp, Bb, Cb, dy,
-                                         (False, *_PROCESSED_LIMITS, do_f, do_b, shift), False, seg=ctx.seg)
+                                         (_PROCESSED["SOFTPLUS"], *_PROCESSED_LIMITS, do_f, do_b, shift),
+                                         _PROCESSED["HAS_BIAS"], seg=ctx.seg)
         if st is None:  # one segment: no states in the forward either (gst is the stand-in)
             if nseg > 1:
                 raise RuntimeError("bi_ssd_triton: the forward kept no boundary states for the backward")
