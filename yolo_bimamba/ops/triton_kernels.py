@@ -52,6 +52,8 @@ Backward, three kernels (and the state kernel):
     segment kernel (its BLOCK_Q).
   _bi_ssd_bwd_dt_kernel (pass C, per (batch * head)) reverse-sums the scratch -> ddt, and per-(batch, head) partial
     sums of dA, d(dt_bias).
+  _bi_ssd_grad_sums_kernel (per head) sums those partials and the segment kernel's dD partials over the batch (and
+    the segments) in a fixed order: dA, d(dt_bias), dD in the dtypes of A, dt_bias, D.
 With shift=True the backward works in the unshifted frame: y_f[t] = z_f[t-1] and y_b[t] = z_b[t+1], so the output
 gradient of each direction is dy loaded at offset +1 / -1.
 
@@ -1462,3 +1464,45 @@ def _bi_ssd_bwd_dt_kernel(
     dA_tot = tl.where(A_raw < 0.0, tl.sum(dA_vec, 0), 0.0)  # as ops.reference.clamp_A
     tl.store(part_ptr + pid.to(tl.int64) * 2, dA_tot)
     tl.store(part_ptr + pid.to(tl.int64) * 2 + 1, tl.sum(dbias_vec, 0))
+
+
+@triton.jit
+def _bi_ssd_grad_sums_kernel(
+    part_ptr, part_d_ptr, dA_ptr, dbias_ptr, dD_ptr, NB, H, NSEG,
+    P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_D: tl.constexpr, D_PER_P: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    """The backward's sums over the batch, one program per head: dA and d(dt_bias) from pass C's per-(batch, head)
+    partials part (b, h, 2), dD from the segment kernel's per-(batch, head, segment) partials part_d (b, h, nseg, p),
+    summed over the headdim too for a D per head. Each sum runs in a fixed order (blocks of BLOCK_R rows, then one
+    reduction of the block), the same in every run; the results are stored in the dtypes of the outputs. One launch
+    instead of the torch reductions it replaces (a strided one of them took 0.011 ms of an H100's time at b16 L1600 h8)."""
+    hidx = tl.program_id(0)
+    offs_r = tl.arange(0, BLOCK_R)
+    acc_a = tl.zeros((BLOCK_R,), dtype=COMPUTE)
+    acc_b = tl.zeros((BLOCK_R,), dtype=COMPUTE)
+    for r0 in range(0, NB, BLOCK_R):
+        rb = r0 + offs_r
+        mb = rb < NB
+        off = (rb.to(tl.int64) * H + hidx) * 2
+        acc_a += tl.load(part_ptr + off, mask=mb, other=0.0).to(COMPUTE)
+        acc_b += tl.load(part_ptr + off + 1, mask=mb, other=0.0).to(COMPUTE)
+    tl.store(dA_ptr + hidx, tl.sum(acc_a, 0).to(dA_ptr.dtype.element_ty))
+    if HAS_BIAS:
+        tl.store(dbias_ptr + hidx, tl.sum(acc_b, 0).to(dbias_ptr.dtype.element_ty))
+    if HAS_D:
+        offs_p = tl.arange(0, BLOCK_P)
+        mask_p = offs_p < P
+        acc_d = tl.zeros((BLOCK_R, BLOCK_P), dtype=COMPUTE)
+        # rows r = batch * nseg + segment of this head
+        for r0 in range(0, NB * NSEG, BLOCK_R):
+            r = r0 + offs_r
+            mr = r < NB * NSEG
+            row = ((r // NSEG).to(tl.int64) * H + hidx) * NSEG + r % NSEG
+            acc_d += tl.load(part_d_ptr + row[:, None] * P + offs_p[None, :], mask=mr[:, None] & mask_p[None, :],
+                             other=0.0).to(COMPUTE)
+        dD = tl.sum(acc_d, 0)
+        if D_PER_P:
+            tl.store(dD_ptr + hidx * P + offs_p, dD.to(dD_ptr.dtype.element_ty), mask=mask_p)
+        else:
+            tl.store(dD_ptr + hidx, tl.sum(dD, 0).to(dD_ptr.dtype.element_ty))

@@ -4,7 +4,7 @@ Forward: a state kernel (segment-boundary states; skipped when the sequence is o
 launch. Backward: a state kernel, one segment-kernel launch per direction (or one for both, ``split=False``) for the
 state terms, the in-chunk pairs kernel (which also sums the per-head dB, dC over each group's heads when ngroups <
 nheads, unless the segment kernel summed them in head order itself: YOLO_BIMAMBA_ORDERED_ROWS=1), the pass-C kernel,
-plus a few tiny reductions over the batch in torch. On CUDA the kernels are autotuned over
+plus one small launch that sums dA, d dt_bias and dD over the batch. On CUDA the kernels are autotuned over
 :data:`FWD_CONFIGS` / :data:`BWD_CONFIGS` / :data:`STATE_CONFIGS` / :data:`PAIRS_CONFIGS` (``YOLO_BIMAMBA_AUTOTUNE=0``:
 no autotuning, :func:`default_config`); under the Triton
 interpreter (``TRITON_INTERPRET=1``, CPU tensors) the default configs run unless one is forced with
@@ -23,7 +23,7 @@ from .triton_kernels import (
     AHEAD_MAX_TILE, BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS,
     _bi_ssd_bwd_dt_kernel,
     _bi_ssd_bwd_kernel, _bi_ssd_bwd_pairs_kernel, _bi_ssd_fwd_kernel, _bi_ssd_fwd_pairs_kernel,
-    _bi_ssd_state_kernel,
+    _bi_ssd_grad_sums_kernel, _bi_ssd_state_kernel,
     prune_bwd_configs,
 )
 from .fused_switch import alloc as _alloc, check_guards, compute_dtype, poison_outputs  # noqa: F401 (test hooks)
@@ -423,6 +423,9 @@ def _ordered_rows(per_head, separate, one_direction_per_launch) -> bool:
     return bool(wanted) and per_head and not separate and one_direction_per_launch
 
 
+# rows per step of the batch sums (_bi_ssd_grad_sums_kernel)
+_GRAD_SUM_ROWS = 16
+
 # the fewest rows per chunk of any backward config: the ORDERED counters' layout is cut for it
 _MIN_BWD_Q = min(c.kwargs["BLOCK_Q"] for c in BWD_CONFIGS)
 
@@ -603,13 +606,14 @@ class _BiSSDFn(torch.autograd.Function):
                dict(DO_F=do_f, DO_B=do_b, SEPARATE=separate, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
                     COMPUTE=compute_dtype(x.dtype), BLOCK_Q=PASS_C_ROWS))
 
-        tot = part.sum(0)  # (h, 2)
-        dA = tot[:, 0].to(A.dtype)
-        ddt_bias = tot[:, 1].to(dt_bias.dtype) if has_bias else None
-        dD = None
-        if has_d:
-            tot_d = part_d.sum((0, 2))  # (h, p)
-            dD = (tot_d if D.dim() == 2 else tot_d.sum(1)).to(D.dtype)
+        # dA, d dt_bias, dD: the partials summed over the batch (and segments) in one launch, in a fixed order
+        dA = _alloc(A.shape, A.dtype, dev)
+        ddt_bias = _alloc(dt_bias.shape, dt_bias.dtype, dev) if has_bias else None
+        dD = _alloc(D.shape, D.dtype, dev) if has_d else None
+        launch(_bi_ssd_grad_sums_kernel, (h,), (part, part_d, dA, dA if ddt_bias is None else ddt_bias,
+                                                dA if dD is None else dD, b, h, nseg),
+               dict(P=p, BLOCK_P=kernel_tile(p), BLOCK_R=_GRAD_SUM_ROWS, HAS_BIAS=has_bias, HAS_D=has_d,
+                    D_PER_P=has_d and D.dim() == 2, COMPUTE=compute_dtype(x.dtype), num_warps=1))
         grads = [dx.to(x.dtype), ddt, dA, gB, gC, dD, ddt_bias]
         if separate:
             grads += [ddtb, gBb, gCb]
