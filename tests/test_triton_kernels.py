@@ -1145,3 +1145,49 @@ def test_split_directions_rule(monkeypatch):
     assert not rule(64, 64, False)
     monkeypatch.setattr(triton_op, "_SPLIT_DIRECTIONS", "1")
     assert rule(32, 32, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("d_per_p,has_bias", [(True, True), (False, True), (True, False)])
+def test_grad_sums_kernel_many_rows(dtype, d_per_p, has_bias):
+    """_bi_ssd_grad_sums_kernel at more rows than one step of it (batch 37 > 16 rows, 3 segments: several steps and
+    a masked tail; the op tests run batches of 1-2): dA, d dt_bias, dD equal the float64 sums of the partials, every
+    element of the NaN-poisoned outputs written, nothing written past them (NaN guards), the same bits run to run."""
+    from yolo_bimamba.ops.triton_kernels import _bi_ssd_grad_sums_kernel
+    from yolo_bimamba.ops.triton_op import _GRAD_SUM_ROWS, compute_dtype, kernel_tile, launch
+
+    b, h, nseg, p = 37, 3, 3, 5
+    assert b > _GRAD_SUM_ROWS and (b * nseg) % _GRAD_SUM_ROWS != 0
+    gen = torch.Generator().manual_seed(7)
+    part = torch.randn(b, h, 2, generator=gen, dtype=torch.float64)
+    part_d = torch.randn(b, h, nseg, p, generator=gen, dtype=torch.float64)
+    d_shape = (h, p) if d_per_p else (h,)
+
+    def guarded(*shape):  # a NaN-filled view with NaN guards on both sides
+        n = torch.Size(shape).numel()
+        buf = torch.full((n + 16,), float("nan"), dtype=dtype, device=DEV)
+        return buf, buf[8:8 + n].view(shape)
+
+    def run():
+        (ba, dA), (bb, dbias), (bd, dD) = guarded(h), guarded(h), guarded(*d_shape)
+        launch(_bi_ssd_grad_sums_kernel, (h,), (part.to(dtype).to(DEV), part_d.to(dtype).to(DEV), dA,
+                                                dbias if has_bias else dA, dD, b, h, nseg),
+               dict(P=p, BLOCK_P=kernel_tile(p), BLOCK_R=_GRAD_SUM_ROWS, HAS_BIAS=has_bias, HAS_D=True,
+                    D_PER_P=d_per_p, COMPUTE=compute_dtype(dtype), num_warps=1))
+        for buf in (ba, bb, bd):
+            assert torch.isnan(buf[:8]).all() and torch.isnan(buf[-8:]).all(), "write outside the output"
+        return dA.cpu(), dbias.cpu(), dD.cpu()
+
+    dA, dbias, dD = run()
+    want_d = part_d.sum((0, 2))
+    checks = [(dA, part[..., 0].sum(0)), (dD, want_d if d_per_p else want_d.sum(1))]
+    if has_bias:
+        checks.append((dbias, part[..., 1].sum(0)))
+    else:
+        assert torch.isnan(dbias).all()  # HAS_BIAS=False writes no d dt_bias
+    for got, want in checks:
+        assert not torch.isnan(got).any()
+        torch.testing.assert_close(got.double(), want, rtol=TOL[dtype], atol=TOL[dtype])
+    again = run()
+    for x, y in zip((dA, dbias, dD), again):
+        assert torch.equal(x.nan_to_num(), y.nan_to_num())
