@@ -290,7 +290,7 @@ def test_bwd_pairs_ahead(mode):
         for ahead in (1, 2, 3):
             g = grads[ahead][name]
             assert (g is None and g0 is None) or torch.equal(g, g0), (ahead, name)
-    for ahead in (0, 1, 2):  # (3, the default at these sizes, is every other test's)
+    for ahead in (0, 1, 3):  # (2, the default at every size, is every other test's)
         with force_config(pairs_ahead=ahead):
             check_case(args, kw, 0, bi)
 
@@ -337,10 +337,10 @@ def test_fwd_ahead_rule():
 
 
 def test_bwd_pairs_ahead_rule():
-    """The rows a head adds to loaded early at every size, its inputs one head ahead up to tiles of 32 x 32; forced
-    values are taken as they are, and only 0-3."""
+    """The rows a head adds to loaded early at every size, its inputs at their use (session 31: one head ahead was
+    slower at 32 x 32 too); forced values are taken as they are, and only 0-3."""
     rule = triton_op.bwd_pairs_ahead
-    assert rule(16, 16) == rule(32, 32) == rule(24, 20) == 3
+    assert rule(16, 16) == rule(32, 32) == rule(24, 20) == 2
     assert rule(64, 32) == rule(32, 64) == rule(64, 64) == rule(64, 128) == 2
     with force_config(pairs_ahead=0):
         assert rule(32, 32) == 0

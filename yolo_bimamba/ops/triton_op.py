@@ -223,15 +223,17 @@ def fwd_pairs_heads(b, g, heads_per_group, tiles, n, device) -> int:
 
 def bwd_pairs_ahead(p, n) -> int:
     """The backward's in-chunk pairs kernel's AHEAD bits (its docstring) at headdim ``p`` and d_state ``n``: the rows a
-    head adds to loaded before its products (2) always, and its inputs one head ahead (1) where the tiles are at most
-    32 x 32 (triton_kernels.AHEAD_MAX_TILE). On an H200 (bf16, both directions, the pairs kernel's CUDA time, two
-    rounds): 2 took b16 L1600 h8 p64 n64 from 0.162 to 0.148 ms and the LM shape (p64 n128) from 1.289 to 1.185, where
-    3 took 0.165 and 1.26 (the tiles held a head ahead spill on sm_90: 640 bytes of stack against 192); at b32 L1600
-    h8 p32 n32, 3 took 0.219 to 0.185 ms and 2 to 0.195 (benchmarks/results/session26)."""
+    head adds to loaded before its products (2), at every tile size; its inputs one head ahead (1) are not loaded. On
+    an H200 (bf16, both directions, the pairs kernel's CUDA time, two rounds): 2 took b16 L1600 h8 p64 n64 from 0.162
+    to 0.148 ms and the LM shape (p64 n128) from 1.289 to 1.185, where 3 took 0.165 and 1.26 (the tiles held a head
+    ahead spill on sm_90: 640 bytes of stack against 192; benchmarks/results/session26). At b32 L1600 h8 p32 n32, 3
+    had been the faster before the processed dt was computed once (session 26); since, 2 is: 0.136 / 0.134 against
+    0.140 / 0.139 ms on an H200 (session 28), 0.136 / 0.137 against 0.141 / 0.141 on an H100, and 0.112 / 0.113
+    against 0.120 / 0.120 in one direction (benchmarks/results/session31)."""
     forced = _forced["pairs_ahead"]
     if forced is not None:
         return forced
-    return 3 if kernel_tile(p) * kernel_tile(n) <= AHEAD_MAX_TILE.value else 2
+    return 2
 
 
 def bwd_ahead_bits(p, n) -> int:
