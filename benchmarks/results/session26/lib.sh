@@ -2,10 +2,12 @@
 # Session 26's A/B helpers (sourced by the call scripts): prof NAME TREE ARGS... profiles one tree's kernels
 # (benchmarks/profile_gpu.py kernels, default configs) at the shapes $S into $W/NAME.json; summary NAME... prints each
 # run's total and per-kernel CUDA time.
+# SUMMARY_ALL=1 summary NAME...: every kernel of each run, with its pairs AHEAD and programs per SM (session 31's
+# fourth call ran these lines inline; moved here afterwards, the same output)
 prof() { n=$1; t=$2; shift 2; echo "== $n t=$SECONDS"; YOLO_BIMAMBA_AUTOTUNE=0 PYTHONPATH=$t timeout ${PROF_TIMEOUT:-150} \
   python $t/benchmarks/profile_gpu.py kernels --pps 2 --shapes $S "$@" --out $W/$n.json > $W/$n.log 2>&1; echo rc=$?; }
 summary() { python - $W "$@" <<'PY'
-import json, sys
+import json, os, sys
 w = sys.argv[1]
 for n in sys.argv[2:]:
     try:
@@ -14,6 +16,10 @@ for n in sys.argv[2:]:
         print(n, "missing", e); continue
     for r in runs:
         k = r["kernels_ms"]
+        if os.environ.get("SUMMARY_ALL"):
+            print(f'{n:7s} {r["shape"][:22]:22s} {r["direction"]:8s} pa={r.get("pairs_ahead")} pps={r.get("pps", r.get("programs_per_sm"))} '
+                  f'total {r["total_ms"]:.3f} ' + " ".join(f"{a.replace('_bi_ssd_', '').replace('_kernel', '')} {v:.3f}" for a, v in sorted(k.items())))
+            continue
         print(f'{n:8s} {r["shape"][:22]:22s} {r["direction"]:8s} ahead={r.get("pairs_ahead")} fa={r.get("fwd_ahead")} pcfg={r.get("pairs_cfg")} '
               f'total {r["total_ms"]:.3f} bwd {k.get("_bi_ssd_bwd_kernel", 0):.3f} '
               f'bwd_pairs {k.get("_bi_ssd_bwd_pairs_kernel", 0):.3f} fwd {k.get("_bi_ssd_fwd_kernel", 0):.3f} '

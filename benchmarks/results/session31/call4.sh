@@ -5,7 +5,7 @@
 # two detection shapes. From the repository root, with LIMIT=<timeout_s>.
 set -u
 LIMIT=${LIMIT:-590}
-. benchmarks/results/session26/lib.sh  # start_call, prof
+. benchmarks/results/session26/lib.sh  # start_call, prof, summary
 start_call
 S=b32_L1600_h8_p32_n32
 PROF_TIMEOUT=120 prof pa-r1 $PWD --directions both,forward --pairs-ahead 2,3
@@ -14,17 +14,5 @@ PROF_TIMEOUT=120 prof pps-r1 $PWD --directions both --pps 1,2,3
 PROF_TIMEOUT=120 prof pps-r2 $PWD --directions both --pps 3,2,1
 S=b32_L1600_h8_p32_n32
 PROF_TIMEOUT=$(( LIMIT - 20 - SECONDS )) prof pa-r2 $PWD --directions both,forward --pairs-ahead 3,2
-python - $W pa-r1 pa-r2 pps-r1 pps-r2 <<'PY' | tee $W/summary.txt
-import json, sys
-w = sys.argv[1]
-for n in sys.argv[2:]:
-    try:
-        runs = json.load(open(f"{w}/{n}.json"))["runs"]
-    except Exception as e:
-        print(n, "missing", e); continue
-    for r in runs:
-        k = r["kernels_ms"]
-        print(f'{n:7s} {r["shape"][:22]:22s} {r["direction"]:8s} pa={r.get("pairs_ahead")} pps={r.get("pps", r.get("programs_per_sm"))} '
-              f'total {r["total_ms"]:.3f} ' + " ".join(f"{a.replace('_bi_ssd_', '').replace('_kernel', '')} {v:.3f}" for a, v in sorted(k.items())))
-PY
+SUMMARY_ALL=1 summary pa-r1 pa-r2 pps-r1 pps-r2 | tee $W/summary.txt
 tar -C $W -cf $FINAL/call4.tar . && echo packed t=$SECONDS
