@@ -282,7 +282,7 @@ def test_bwd_pairs_ahead(mode):
     grads = {}
     for ahead in range(4):
         with force_config(pairs_ahead=ahead):
-            assert triton_op.bwd_pairs_ahead(16, 16) == ahead
+            assert triton_op.bwd_pairs_ahead() == ahead
             _y, grads[ahead], guards_ok = run_triton(args, kw, dy, 0, bi)
         assert guards_ok, ahead
     for name, g0 in grads[0].items():
@@ -340,10 +340,9 @@ def test_bwd_pairs_ahead_rule():
     """The rows a head adds to loaded early at every size, its inputs at their use (session 31: one head ahead was
     slower at 32 x 32 too); forced values are taken as they are, and only 0-3."""
     rule = triton_op.bwd_pairs_ahead
-    assert rule(16, 16) == rule(32, 32) == rule(24, 20) == 2
-    assert rule(64, 32) == rule(32, 64) == rule(64, 64) == rule(64, 128) == 2
+    assert rule() == 2
     with force_config(pairs_ahead=0):
-        assert rule(32, 32) == 0
+        assert rule() == 0
     with pytest.raises(ValueError, match="pairs_ahead"):
         with force_config(pairs_ahead=4):
             pass

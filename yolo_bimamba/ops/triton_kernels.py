@@ -40,9 +40,9 @@ Backward, three kernels (and the state kernel):
     reproducible. dD comes from per-(batch, head, segment) partials of the first launch.
   _bi_ssd_bwd_pairs_kernel, the pairs inside a chunk, one program per (batch * group, chunk), walking the group's
     heads: no state, so all chunks run in parallel. It loads the rows a head adds to before the head's products
-    (AHEAD bit 2; bit 1, each head's inputs one head ahead, is there but not the default). The in-chunk pair tiles were most of the
-    registers of the one backward kernel there was before (255 and spills on sm_90 at headdim = d_state = 32; apart,
-    neither kernel spills). It adds its terms to dx and the scratch, writes the in-chunk pairs' share of the log-decay
+    (AHEAD bit 2; bit 1, each head's inputs one head ahead, is there but not the default). The in-chunk pair tiles
+    were most of the registers of the one backward kernel there was before (255 and spills on sm_90 at headdim =
+    d_state = 32; apart, neither kernel spills). It adds its terms to dx and the scratch, writes the in-chunk pairs' share of the log-decay
     gradients as finished per-position values (a local telescoping of one pair tile's row and column sums), and
     stores dB, dC:
     with ngroups < nheads the segment kernel writes them per head (in the dtype of dx: bf16 for bf16 inputs) and
@@ -301,7 +301,8 @@ def _last(v, offs_q, BLOCK_Q: tl.constexpr):
 # log-decay gradient at such a step (whose true value is 0 in fp32).
 LOG_DECAY_FLOOR = tl.constexpr(_LOG_DECAY_FLOOR)
 # headdim x d_state up to which the backward's segment kernel loads every input of a chunk one chunk ahead
-# (triton_op.bwd_ahead_bits); above it, a launch of the segment kernel's anti-causal direction alone loads its dB rows late (LATE_DB)
+# (triton_op.bwd_ahead_bits); above it, a launch of the segment kernel's anti-causal direction alone loads its dB rows
+# late (LATE_DB)
 AHEAD_MAX_TILE = tl.constexpr(32 * 32)
 
 

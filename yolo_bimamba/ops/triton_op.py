@@ -221,9 +221,9 @@ def fwd_pairs_heads(b, g, heads_per_group, tiles, n, device) -> int:
     return _cdiv(heads_per_group, blocks)
 
 
-def bwd_pairs_ahead(p, n) -> int:
-    """The backward's in-chunk pairs kernel's AHEAD bits (its docstring) at headdim ``p`` and d_state ``n``: the rows a
-    head adds to loaded before its products (2), at every tile size; its inputs one head ahead (1) are not loaded. On
+def bwd_pairs_ahead() -> int:
+    """The backward's in-chunk pairs kernel's AHEAD bits (its docstring): the rows a head adds to loaded before its
+    products (2), at every headdim and d_state; its inputs one head ahead (1) are not loaded. On
     an H200 (bf16, both directions, the pairs kernel's CUDA time, two rounds): 2 took b16 L1600 h8 p64 n64 from 0.162
     to 0.148 ms and the LM shape (p64 n128) from 1.289 to 1.185, where 3 took 0.165 and 1.26 (the tiles held a head
     ahead spill on sm_90: 640 bytes of stack against 192; benchmarks/results/session26). At b32 L1600 h8 p32 n32, 3
@@ -569,7 +569,7 @@ class _BiSSDFn(torch.autograd.Function):
         bwd = functools.partial(_launch, _bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid)
         # (the pairs kernel's own AHEAD replaces the segment kernel's)
         pkw = {k: v for k, v in kwargs.items() if k not in ("HAS_D", "D_PER_P", "DOT_ST", "DOT_RD", "ORDERED")}
-        pkw.update(DOT_MID=dots["DOT_MID"], DOT_IN=dots["DOT_IN"], AHEAD=bwd_pairs_ahead(p, n))
+        pkw.update(DOT_MID=dots["DOT_MID"], DOT_IN=dots["DOT_IN"], AHEAD=bwd_pairs_ahead())
 
         def pairs(used, gB, gC, gBb, gCb, oB, oC, oBb, oCb, **flags):
             # the in-chunk pairs, after the segment kernel of the same directions, in the same chunks (its BLOCK_Q);
