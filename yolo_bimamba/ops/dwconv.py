@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fused_switch import ForcedConfig, alloc, compute_dtype, graph_tracing, runs_triton, triton_usable
+from .fused_switch import (ForcedConfig, accumulation_dtype, alloc, compute_dtype, graph_tracing, runs_triton,
+                           triton_usable)
 from .launch import launch
 
 
@@ -118,7 +119,7 @@ class _DWConvSiLU(torch.autograd.Function):
         nlb = -(-L // bl)
         grid = (b, nlb, -(-C // bc))
         comp = compute_dtype(u.dtype)
-        acc = torch.float64 if u.dtype == torch.float64 else torch.float32
+        acc = accumulation_dtype(u.dtype)
         gp = alloc((b, L, C), acc, u.device)
         dbias_part = alloc((b * nlb, C), acc, u.device) if bias is not None else gp
         launch(_dwconv_silu_bwd_pre, grid,

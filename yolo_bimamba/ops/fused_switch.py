@@ -64,6 +64,11 @@ def compute_dtype(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """compute_dtype as a torch dtype: that of the kernels' fp32 (fp64 for fp64 inputs) buffers and statistics."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 # test hook: allocate every output / gradient buffer filled with NaN so unwritten elements show
 _POISON = os.environ.get("YOLO_BIMAMBA_POISON", "0") not in ("", "0")
 

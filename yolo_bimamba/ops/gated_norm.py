@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fused_switch import ForcedConfig, alloc, compute_dtype, runs_triton, triton_usable
+from .fused_switch import ForcedConfig, accumulation_dtype, alloc, compute_dtype, runs_triton, triton_usable
 from .launch import launch
 
 MAX_TILE = 8192  # rows x padded channels per program
@@ -20,7 +20,7 @@ force_config = ForcedConfig()  # tests: ``with force_config(i):`` every launch u
 
 
 def gated_rmsnorm_reference(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    ct = torch.float64 if x.dtype == torch.float64 else torch.float32  # fp32 at least, as the kernels
+    ct = accumulation_dtype(x.dtype)  # fp32 at least, as the kernels
     g = x.to(ct) * F.silu(z.to(ct))
     return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps) * weight.to(ct)).to(x.dtype)
 
@@ -83,7 +83,7 @@ class _GatedRMSNorm(torch.autograd.Function):
         br, bd, nw = _launch_shape(D)
         comp = compute_dtype(x.dtype)
         out = alloc((R, D), x.dtype, x.device)
-        rstd = alloc((R,), torch.float64 if x.dtype == torch.float64 else torch.float32, x.device)
+        rstd = alloc((R,), accumulation_dtype(x.dtype), x.device)
         launch(_gated_rmsnorm_fwd, (-(-R // br),), (x2, z2, weight, out, rstd, R, D, z2.stride(0), eps),
                dict(COMPUTE=comp, BLOCK_R=br, BLOCK_D=bd, num_warps=nw))
         ctx.save_for_backward(x2, z2, weight, rstd)

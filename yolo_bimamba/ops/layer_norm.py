@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fused_switch import ForcedConfig, alloc, compute_dtype, runs_triton, triton_usable
+from .fused_switch import ForcedConfig, accumulation_dtype, alloc, compute_dtype, runs_triton, triton_usable
 from .launch import launch
 
 MAX_TILE = 8192  # tokens x padded channels per program
@@ -86,7 +86,7 @@ class _LayerNormCF(torch.autograd.Function):
         x3 = x.reshape(N, C, -1).contiguous()
         L = x3.shape[2]
         bl, bc, nw = _launch_shape(C)
-        stat = torch.float64 if x.dtype == torch.float64 else torch.float32
+        stat = accumulation_dtype(x.dtype)
         out = alloc((N, L, C), x.dtype, x.device)
         mean, rstd = alloc((N * L,), stat, x.device), alloc((N * L,), stat, x.device)
         launch(_layer_norm_cf_fwd, (-(-L // bl), N), (x3, weight, bias, out, mean, rstd, C, L, eps),

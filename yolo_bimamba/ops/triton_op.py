@@ -26,7 +26,8 @@ from .triton_kernels import (
     _bi_ssd_grad_sums_kernel, _bi_ssd_state_kernel,
     prune_bwd_configs,
 )
-from .fused_switch import alloc as _alloc, check_guards, compute_dtype, poison_outputs  # noqa: F401 (test hooks)
+from .fused_switch import accumulation_dtype, alloc as _alloc, compute_dtype
+from .fused_switch import check_guards, poison_outputs  # noqa: F401 (test hooks)
 from .launch import launch
 from .validate import kernel_tile, validate_bi_ssd
 
@@ -381,7 +382,7 @@ def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias, s
     b, l, h, p = x.shape
     g, n = B.shape[2], B.shape[3]
     grad = dy is not None
-    cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    cdt = accumulation_dtype(x.dtype)
     if seg is None:
         seg = segment_rows(b, h, l, x.device)
     nseg = _cdiv(l, seg)
@@ -465,7 +466,7 @@ class _BiSSDFn(torch.autograd.Function):
         seg, nseg, st = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, None, opts, has_bias, exact=wants_grad)
         # the processed dt (softplus, bias, limits) of each direction, stored by the forward kernel for the kernels
         # after it (they read it as it is: _PROCESSED)
-        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cdt = accumulation_dtype(x.dtype)
         dtp = _alloc(dt.shape, cdt, x.device)
         dtbp = _alloc(dt.shape, cdt, x.device) if separate and do_b else dtp
         store_dt = (1 if do_f else 0) + (2 if do_b and (separate or not do_f) else 0)
@@ -504,7 +505,7 @@ class _BiSSDFn(torch.autograd.Function):
         dtb, Bb, Cb = (dt_bwd, B_bwd, C_bwd) if separate else (dt, B, C)
         share = _shares(ctx.opts, separate)
         split = _forced["split"]
-        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cdt = accumulation_dtype(x.dtype)
         # ngroups < nheads: the segment kernel's dB, dC as each group's rows in fp32, summed over its heads in head
         # order (ordered: one direction per launch, so it takes two launches unless two are ruled out), or as per-head
         # rows that the pairs kernel sums over each group's heads in fp32; the latter in the dtype of the buffers that
