@@ -42,9 +42,9 @@ Backward, three kernels (and the state kernel):
     heads: no state, so all chunks run in parallel. It loads the rows a head adds to before the head's products
     (AHEAD bit 2; bit 1, each head's inputs one head ahead, is there but not the default). The in-chunk pair tiles
     were most of the registers of the one backward kernel there was before (255 and spills on sm_90 at headdim =
-    d_state = 32; apart, neither kernel spills). It adds its terms to dx and the scratch, writes the in-chunk pairs' share of the log-decay
-    gradients as finished per-position values (a local telescoping of one pair tile's row and column sums), and
-    stores dB, dC:
+    d_state = 32; apart, neither kernel spills). It adds its terms to dx and the scratch, writes the in-chunk pairs'
+    share of the log-decay gradients as finished per-position values (a local telescoping of one pair tile's row and
+    column sums), and stores dB, dC:
     with ngroups < nheads the segment kernel writes them per head (in the dtype of dx: bf16 for bf16 inputs) and
     this kernel sums them over each group's heads, in head order, in fp32, with C B^T computed once per group. The
     in-chunk pairs' own dB, dC terms are products of a pair tile with the group's C and B, so the heads' pair tiles

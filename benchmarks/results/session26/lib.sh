@@ -35,3 +35,23 @@ start_call() {
   python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" >> $W/gpu.txt
   S=b16_L1600_h8_p64_n64,b32_L1600_h8_p32_n32,lm_b8_L8192_h32_p64_n128
 }
+# env_rounds VAR NAME:VALUE...: one prof run per NAME (both directions) with VAR=VALUE, in the order given while the
+# call's LIMIT leaves time, then their summary into $W/summary.txt (session 31's third and session 32's first call had
+# these lines inline when they ran; moved here afterwards, the same commands)
+env_rounds() { var=$1; shift
+  for n in "$@"; do
+    [ $SECONDS -lt $(( LIMIT - 40 )) ] || continue
+    ( export "$var=${n#*:}"; PROF_TIMEOUT=$(( LIMIT - 20 - SECONDS )) prof ${n%%:*} $PWD --directions both )
+  done
+  summary "${@%%:*}" | tee $W/summary.txt
+}
+# bench_all SUFFIX: the kernel benchmark (autotuned, bf16, all shapes; the Triton op both directions and one, Hydra
+# mode fused and composed) into $W with TAG_SUFFIX SUFFIX, then its table and targets (session 31's and 32's second
+# calls had these lines inline when they ran; moved here afterwards, the same commands)
+bench_all() {
+  echo "== bench t=$SECONDS"
+  OUT=$W RUN_TESTS=0 BENCH_TIMEOUT=$(( LIMIT - 30 - SECONDS )) TAG_SUFFIX=$1 \
+    BENCH_ARGS="--cases triton,triton_forward,hydra_fused,hydra_composed --budget 0.2 --no-check" \
+    bash benchmarks/run_gpu.sh > /dev/null 2>&1
+  echo rc=$?; sed -n '/^| shape/,/^$/p' $W/kernels-*$1.md; grep -E "NO|yes" $W/kernels-*$1.md | head -12
+}

@@ -4,11 +4,7 @@
 # shapes, two rounds in mirrored order (0, 1, 1, 0). From the repository root, with LIMIT=<timeout_s>.
 set -u
 LIMIT=${LIMIT:-590}
-. benchmarks/results/session26/lib.sh  # start_call, prof, summary
+. benchmarks/results/session26/lib.sh  # start_call, env_rounds
 start_call
-for n in ord0-r1:0 ord1-r1:1 ord1-r2:1 ord0-r2:0; do
-  [ $SECONDS -lt $(( LIMIT - 40 )) ] || continue
-  YOLO_BIMAMBA_ORDERED_ROWS=${n#*:} PROF_TIMEOUT=$(( LIMIT - 20 - SECONDS )) prof ${n%%:*} $PWD --directions both
-done
-summary ord0-r1 ord1-r1 ord1-r2 ord0-r2 | tee $W/summary.txt
+env_rounds YOLO_BIMAMBA_ORDERED_ROWS ord0-r1:0 ord1-r1:1 ord1-r2:1 ord0-r2:0
 tar -C $W -cf $FINAL/call3.tar . && echo packed t=$SECONDS

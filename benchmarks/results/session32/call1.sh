@@ -5,13 +5,9 @@
 # repository root, with LIMIT=<timeout_s>.
 set -u
 LIMIT=${LIMIT:-590}
-. benchmarks/results/session26/lib.sh  # start_call, prof, summary
+. benchmarks/results/session26/lib.sh  # start_call, env_rounds
 start_call
 timeout 200 python benchmarks/results/session32/tma_check.py > $W/tma-check.log 2>&1; echo "check rc=$? t=$SECONDS"
 tail -3 $W/tma-check.log
-for n in tma0-r1:0 tma1-r1:1 tma1-r2:1 tma0-r2:0; do
-  [ $SECONDS -lt $(( LIMIT - 40 )) ] || continue
-  YOLO_BIMAMBA_TMA=${n#*:} PROF_TIMEOUT=$(( LIMIT - 20 - SECONDS )) prof ${n%%:*} $PWD --directions both
-done
-summary tma0-r1 tma1-r1 tma1-r2 tma0-r2 | tee $W/summary.txt
+env_rounds YOLO_BIMAMBA_TMA tma0-r1:0 tma1-r1:1 tma1-r2:1 tma0-r2:0
 tar -C $W -cf $FINAL/call1.tar . && echo packed t=$SECONDS

@@ -1,7 +1,9 @@
 """Session 32: the backward segment kernel with its inputs through tensor descriptors (force_config(tma=True)) on the
 GPU: every gradient equal, bit for bit, to the pointer loads', under every backward config that fits, at three
 problem families and four modes (bf16; L not a multiple of any chunk; several segments). Prints one line per case
-and "ALL EQUAL" or the first differences. From the repository root: python benchmarks/results/session32/tma_check.py
+and "ALL EQUAL" or the first differences. It needs tma-descriptors.patch (beside it) applied, which the tree does not
+carry (force_config(tma=) and triton_op.tma_ok are the patch's). From the repository root, patched:
+python benchmarks/results/session32/tma_check.py
 """
 import importlib.util
 import sys
