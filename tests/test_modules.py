@@ -163,7 +163,7 @@ def test_cuda_graph_captures_ask_for_thread_local_mode(monkeypatch):
     layer = BiMambaLayer2D(16).train()
     x = torch.randn(1, 16, 3, 4, requires_grad=True)
     g = cuda_graph._Graphs(layer, layer._forward, x, tuple(layer.parameters()))
-    cuda_graph._end_stuck_capture("cpu")
+    cuda_graph.end_stuck_capture("cpu")
     assert modes == ["thread_local"] * 3
     assert g.out.shape == (1, 16, 3, 4) and len(g.grads) == 1 + len(list(layer.parameters()))
 

@@ -35,7 +35,7 @@ from torch import nn
 
 from ..ops.fused_switch import graph_tracing
 
-__all__ = ["run", "enabled", "graphed_shapes", "summary", "MAX_SHAPES"]
+__all__ = ["run", "enabled", "graphed_shapes", "summary", "capture", "end_stuck_capture", "hooked", "MAX_SHAPES"]
 
 MAX_SHAPES = 4  # input shapes per layer kept as graphs (training uses one or two: full batches and the last one)
 WARMUP = 2  # eager fwd+bwd runs before a capture: the Triton kernels compile and autotune there, not in the capture
@@ -71,7 +71,7 @@ def summary(model: nn.Module, kind: type) -> str:
             f"{len(layers) - len(graphed) - failed} eager")
 
 
-def _hooked(layer: nn.Module) -> bool:
+def hooked(layer: nn.Module) -> bool:
     from torch.nn.modules import module as m
 
     if m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks \
@@ -88,7 +88,7 @@ def _usable(layer: nn.Module, x: torch.Tensor, params) -> bool:
         return False
     if not params or not all(p.requires_grad and p.device == x.device for p in params):
         return False
-    return not _hooked(layer)
+    return not hooked(layer)
 
 
 @contextlib.contextmanager
@@ -105,18 +105,18 @@ def _standing_in(layer: nn.Module, params, stand_ins):
             m._parameters[name] = p
 
 
-def _capture(graph, **kwargs):
+def capture(graph, **kwargs):
     """``torch.cuda.graph`` in this module's capture mode: every capture of a layer goes through here."""
     return torch.cuda.graph(graph, capture_error_mode=CAPTURE_MODE, **kwargs)
 
 
-def _end_stuck_capture(dev) -> None:
+def end_stuck_capture(dev) -> None:
     """After a failed capture: torch leaves the device's default random generator in its capturing state when a
     capture ends in an error (every later random op on the device then raises "Offset increment outside graph
     capture"). A small capture that succeeds ends that state."""
     a = torch.zeros(1, device=dev)
     g = torch.cuda.CUDAGraph()
-    with _capture(g, stream=torch.cuda.Stream(device=dev)):
+    with capture(g, stream=torch.cuda.Stream(device=dev)):
         a.add_(1.0)
 
 
@@ -149,10 +149,10 @@ class _Graphs:
             pool = torch.cuda.graph_pool_handle()
             self.fwd, self.bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
             with torch.autocast(**amp):
-                with _capture(self.fwd, pool=pool, stream=side):
+                with capture(self.fwd, pool=pool, stream=side):
                     self.out = forward(self.x)
                 self.gout = torch.empty_like(self.out)
-                with _capture(self.bwd, pool=pool, stream=side):
+                with capture(self.bwd, pool=pool, stream=side):
                     grads = torch.autograd.grad(self.out, inputs, self.gout, allow_unused=True)
         self.used = [gr is not None for gr in grads]  # an input the output does not depend on gets None
         self.grads = [gr for gr in grads if gr is not None]
@@ -211,7 +211,7 @@ def run(layer: nn.Module, forward, x: torch.Tensor) -> torch.Tensor:
             _graphs[layer] = None
             try:
                 torch.cuda.synchronize(x.device)
-                _end_stuck_capture(x.device)
+                end_stuck_capture(x.device)
             except Exception as e2:  # noqa: BLE001
                 _LOG.warning(f"yolo_bimamba: could not reset the CUDA random generator after that ({e2})")
             _LOG.warning(f"yolo_bimamba: CUDA-graph capture of {type(layer).__name__} failed ({type(e).__name__}: {e});"
