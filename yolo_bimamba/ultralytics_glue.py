@@ -24,6 +24,8 @@
   Ultralytics would download (Arial.ttf, Arial.Unicode.ttf) are provided from matplotlib's DejaVuSans; the CUDA AMP
   check, which downloads a reference model, is skipped offline when that model is not on disk (AMP stays on, which
   is what Ultralytics itself does when the download fails).
+* **Recipe.** The trainer's optimizer keeps our mixers' A_log, D, dt_bias, norm weights and layer scales out of
+  weight decay (:mod:`yolo_bimamba.recipe`; models without our blocks are unaffected).
 * **Guard.** ``yolo_bimamba.guard.install()`` is called when that module exists.
 """
 
@@ -361,6 +363,7 @@ def register() -> None:
         for name, cls in blocks().items():
             setattr(tasks, name, cls)
         ensure_fonts()
+        importlib.import_module("yolo_bimamba.recipe").install()  # SSM parameters without weight decay
         _REGISTERED = True
 
     if importlib.util.find_spec("yolo_bimamba.guard") is not None:
