@@ -3,10 +3,12 @@
 Mamba trains a mixer's A_log, D and dt_bias without weight decay (its reference marks them ``_no_weight_decay``), and
 normalisation weights are conventionally not decayed either. Ultralytics' ``BaseTrainer.build_optimizer`` decays every
 parameter that is neither a bias nor the weight of an ``nn.*Norm`` module, so on its own it decays all of these
-except the LayerNorm weights. :func:`install` wraps ``build_optimizer``: for a model that contains one of our mixers
-or layers, the parameters :func:`no_decay_parameters` names are moved from the decayed groups into the matching
-``weight_decay=0`` group (Ultralytics' ``"bn"`` group with the same learning rate); every other parameter stays where
-Ultralytics put it, and a model without our modules gets Ultralytics' optimizer untouched.
+except the LayerNorm weights (dt_bias escapes decay only by its name: Ultralytics puts it among the biases, whose
+warmup starts at ``warmup_bias_lr``, 10x lr0 by default, a jolt to every timescale of the scan). :func:`install`
+wraps ``build_optimizer``: for a model that contains one of our mixers or layers, the parameters
+:func:`no_decay_parameters` names are moved from the decayed groups and the bias group into the ``weight_decay=0``
+weight group (Ultralytics' ``"bn"`` group with the same learning rate: no decay, the weights' warmup); every other
+parameter stays where Ultralytics put it, and a model without our modules gets Ultralytics' optimizer untouched.
 """
 from __future__ import annotations
 
@@ -61,16 +63,17 @@ def _inside_ours(model: nn.Module, name: str) -> bool:
 
 
 def apply_no_decay(optimizer, model: nn.Module) -> int:
-    """Move :func:`no_decay_parameters` of ``model`` out of ``optimizer``'s decayed groups into a ``weight_decay=0``
-    group with the same learning rate (Ultralytics' "bn" group; one is added, copying the source group's settings,
-    if none matches). Returns how many parameters moved. Call before the optimizer has taken a step."""
+    """Move :func:`no_decay_parameters` of ``model`` out of ``optimizer``'s decayed groups and its "bias" group into
+    the ``weight_decay=0`` weight group with the same learning rate (Ultralytics' "bn" group; one is added, copying
+    the source group's settings, if none matches). Returns how many parameters moved. Call before the optimizer has
+    taken a step."""
     ids = {id(p) for p in no_decay_parameters(model).values()}
     if not ids:
         return 0
     moved = 0
     groups = list(optimizer.param_groups)
     for g in groups:
-        if not g.get("weight_decay"):
+        if not g.get("weight_decay") and g.get("param_group") != "bias":
             continue
         take = [p for p in g["params"] if id(p) in ids]
         if not take:
@@ -102,7 +105,7 @@ def _wrap_build_optimizer(original):
         moved = apply_no_decay(optimizer, unwrap_model(model))
         if moved:
             LOGGER.info(f"yolo_bimamba: {moved} SSM parameters (A_log, D, dt_bias, norm weights, layer scales) "
-                        "train with weight_decay=0")
+                        "moved to the weight_decay=0 weight group")
         return optimizer
 
     build_optimizer._yolo_bimamba_original = original
