@@ -283,3 +283,39 @@ def test_bimamba2_graph_form_equals_eager(kw, monkeypatch, tmp_path):
     out = sess.run(None, {sess.get_inputs()[0].name: u.numpy()})[0]
     with torch.no_grad():
         np.testing.assert_allclose(out, mf(u).numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mlp_ratio", [0.0, 2.0])
+def test_layer_scale_zero_is_the_identity_and_trains(mlp_ratio):
+    torch.manual_seed(0)
+    layer = BiMambaLayer2D(32, mlp_ratio=mlp_ratio, layer_scale=0.0)
+    x = torch.randn(2, 32, 5, 7, requires_grad=True)
+    y = layer(x)
+    assert torch.equal(y, x)
+    y.square().sum().backward()
+    assert layer.gamma.grad.abs().sum() > 0  # the scales learn at once; the branches follow once they are non-zero
+    assert (layer.gamma2 is None) == (mlp_ratio == 0) and (layer.gamma2 is None or layer.gamma2.grad.abs().sum() > 0)
+    assert all(getattr(p, "_no_weight_decay", False) for p in (layer.gamma, layer.gamma2) if p is not None)
+    with torch.no_grad():
+        layer.gamma.fill_(1.0)
+        if layer.gamma2 is not None:
+            layer.gamma2.fill_(1.0)
+        plain = BiMambaLayer2D(32, mlp_ratio=mlp_ratio)
+        plain.load_state_dict({k: v for k, v in layer.state_dict().items() if not k.startswith("gamma")})
+        torch.testing.assert_close(layer(x), plain(x), rtol=0, atol=0)  # a scale of 1 is the plain layer
+
+
+def test_layer_scale_default_keeps_the_plain_layer_and_old_pickles_run(tmp_path):
+    torch.manual_seed(0)
+    layer = BiMambaLayer2D(16, mlp_ratio=2.0)
+    assert layer.gamma is None and layer.gamma2 is None
+    assert not any("gamma" in k for k in layer.state_dict())
+    x = torch.randn(1, 16, 4, 3)
+    ref = layer(x)
+    for k in ("gamma", "gamma2"):  # a layer pickled before layer_scale existed has neither attribute
+        layer.__dict__.pop(k)
+    torch.save(layer, tmp_path / "old.pt")
+    old = torch.load(tmp_path / "old.pt", weights_only=False)
+    assert not hasattr(old, "gamma") and torch.equal(old(x), ref)
+    with pytest.raises(ValueError, match="layer_scale"):
+        BiMambaLayer2D(16, layer_scale=float("nan"))
