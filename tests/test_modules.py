@@ -319,3 +319,55 @@ def test_layer_scale_default_keeps_the_plain_layer_and_old_pickles_run(tmp_path)
     assert not hasattr(old, "gamma") and torch.equal(old(x), ref)
     with pytest.raises(ValueError, match="layer_scale"):
         BiMambaLayer2D(16, layer_scale=float("nan"))
+
+
+def test_local_branch_sits_beside_the_mixer():
+    torch.manual_seed(0)
+    layer = BiMambaLayer2D(32, local=5)
+    assert layer.local_conv.kernel_size == (5, 5) and layer.local_conv.groups == 32
+    plain = BiMambaLayer2D(32)
+    plain.load_state_dict({k: v for k, v in layer.state_dict().items() if not k.startswith("local_conv")})
+    x = torch.randn(2, 32, 6, 7)
+    with torch.no_grad():
+        # the branch adds dwconv(LN(x)) to the mixer's output, inside the residual
+        tokens = torch.nn.functional.layer_norm(x.flatten(2).transpose(1, 2), (32,), layer.norm.weight, layer.norm.bias)
+        conv = layer.local_conv(tokens.transpose(1, 2).reshape(2, 32, 6, 7))
+        torch.testing.assert_close(layer(x), plain(x) + conv, rtol=1e-5, atol=1e-5)
+    layer(x).square().mean().backward()
+    assert layer.local_conv.weight.grad.abs().sum() > 0
+    scaled = BiMambaLayer2D(32, local=3, layer_scale=0.0)
+    assert torch.equal(scaled(x), x)  # the branch is inside the scaled residual: still the identity at step 0
+
+
+def test_pos_encoding_starts_at_zero_and_learns():
+    torch.manual_seed(0)
+    layer = BiMambaLayer2D(16, pos=True, mlp_ratio=2.0)
+    plain = BiMambaLayer2D(16, mlp_ratio=2.0)
+    plain.load_state_dict({k: v for k, v in layer.state_dict().items() if not k.startswith("pos_conv")})
+    x = torch.randn(2, 16, 5, 4)
+    assert torch.equal(layer(x), plain(x))  # zero-initialised: no change at init
+    layer(x).square().mean().backward()
+    assert layer.pos_conv.weight.grad.abs().sum() > 0 and layer.pos_conv.bias.grad.abs().sum() > 0
+    with torch.no_grad():
+        layer.pos_conv.weight.normal_()
+        assert not torch.allclose(layer(x), plain(x))
+        ref = plain(x + layer.pos_conv(x))  # x + dwconv3x3(x) before the layer
+        torch.testing.assert_close(layer(x), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(scan="cross4"), "four ways"), (dict(local=4), "odd"), (dict(local=-1), "local"), (dict(local=True), "local"),
+    (dict(pos=1), "pos"), (dict(layer_scale="0"), "layer_scale"),
+])
+def test_bad_layer_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BiMambaLayer2D(16, **kwargs)
+
+
+def test_layer_options_reach_the_extension_blocks():
+    from yolo_bimamba.nn import C3k2BiMamba
+
+    blk = C3k2BiMamba(32, 32, 1, True, scan="rowcol", local=3, pos=True, layer_scale=0.1)
+    assert blk.mix.scan == "rowcol" and blk.mix.local_conv is not None and blk.mix.pos_conv is not None
+    assert torch.allclose(blk.mix.gamma, torch.full((32,), 0.1))
+    assert blk(torch.randn(1, 32, 4, 4)).shape == (1, 32, 4, 4)
