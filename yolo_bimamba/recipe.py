@@ -35,31 +35,23 @@ def _our_module_types():
 
 def no_decay_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     """Name -> parameter of every parameter of our modules in ``model`` that trains without weight decay: the mixers'
-    A_log, D, dt_bias (and Hydra's init_states), the gated RMSNorm weights, the layers' LayerNorm weights and layer
-    scales (gamma, gamma2), and any other parameter of ours marked ``_no_weight_decay``. Empty for a stock model."""
-    mixers, layer, norm = _our_module_types()[:2], _our_module_types()[2], _our_module_types()[3]
+    A_log, D, dt_bias (and Hydra's init_states), the gated RMSNorm weights, the layers' scales (gamma, gamma2), and
+    any other parameter of our mixers and layers marked ``_no_weight_decay``. (The layers' LayerNorm weights are
+    undecayed by Ultralytics already.) Empty for a stock model."""
+    bimamba2, hydra, layer, norm = _our_module_types()
     out = {}
     for mname, m in model.named_modules():
         own = dict(m.named_parameters(recurse=False))
-        if isinstance(m, mixers):
+        if isinstance(m, (bimamba2, hydra)):
             keep = [k for k in own if k in _SSM_PARAMS or getattr(own[k], "_no_weight_decay", False)]
         elif isinstance(m, layer):
             keep = [k for k in own if k in _LAYER_PARAMS or getattr(own[k], "_no_weight_decay", False)]
-        elif isinstance(m, norm) or (isinstance(m, nn.LayerNorm) and _inside_ours(model, mname)):
+        elif isinstance(m, norm):
             keep = [k for k in own if k == "weight"]
         else:
             continue
         out.update({f"{mname}.{k}" if mname else k: own[k] for k in keep})
     return out
-
-
-def _inside_ours(model: nn.Module, name: str) -> bool:
-    types = _our_module_types()
-    parts = name.split(".")
-    for j in range(len(parts) - 1, 0, -1):
-        if isinstance(model.get_submodule(".".join(parts[:j])), types):
-            return True
-    return False
 
 
 def apply_no_decay(optimizer, model: nn.Module) -> int:
