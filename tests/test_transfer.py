@@ -219,6 +219,18 @@ def test_trained_checkpoint_python_path(trained_stock, tmp_path):
     assert n == len(stock.state_dict()) and total > n
     x = torch.rand(3, 3, 64, 64, generator=torch.Generator().manual_seed(2))
     assert _max_diff(_outputs(model.model, x), _outputs(stock, x)) == 0.0
+    # the same count from yolo_bimamba.transfer_report, before loading and after
+    from yolo_bimamba import transfer_report
+
+    fresh = YOLO(_nc_yaml("yolo11-bimamba.yaml", 10, tmp_path))
+    for target in (fresh, model.model):
+        rep = transfer_report(target, str(trained_stock))
+        assert rep["n_transferred"] == rep["n_checkpoint"] == n and rep["n_model"] == total
+        assert rep["left_behind"] == [] and rep["new"] and all(".mix." in k for k in rep["new"])
+    rep = transfer_report(fresh, {"model": DetectionModel("yolov8n.yaml", nc=10, verbose=False)})
+    assert rep["n_transferred"] < rep["n_checkpoint"] and rep["left_behind"]  # another family: little transfers
+    with pytest.raises(TypeError, match="ckpt"):
+        transfer_report(fresh, {"optimizer": None})
 
 
 def test_trained_checkpoint_trainer_path_and_fine_tune(trained_stock, tmp_path):
