@@ -134,12 +134,16 @@ def _fix_line(msg: str, layer, cls, stock_type: str, args) -> str:
     return f"{head}{layer.np:10.0f}  {_type_name(cls):<45}{args!s:<30}"
 
 
+def _with_kwargs(kw: dict, args_text: str) -> str:
+    return f"{args_text[:-1]}, {kw}]" if kw and args_text.endswith("]") else args_text
+
+
 def _extends_stock(cls) -> bool:
     return callable(getattr(cls, "from_stock", None)) and callable(getattr(cls, "stock_name", None))
 
 
-def _from_stock(i: int, cls, layer, kw):
-    """Layer ``i`` built by Ultralytics as the stock module, made into our block ``cls`` (same submodules)."""
+def _from_stock(cls, layer, kw):
+    """A layer built by Ultralytics as the stock module, made into our block ``cls`` (same submodules)."""
     block = cls.from_stock(layer, **kw)
     block.np = sum(p.numel() for p in block.parameters())
     block.i, block.f, block.type = layer.i, layer.f, _type_name(cls)
@@ -177,7 +181,7 @@ def _make_wrapper(original):
                     if not args:
                         raise ValueError(f"layer {i} ({m}): the first argument must be the output channels c2")
                     stock = cls.stock_name() if _extends_stock(cls) else "C2f"
-                    if stock == "C2f" and not _extends_stock(cls) and len(args) > 4:
+                    if not _extends_stock(cls) and len(args) > 4:
                         raise ValueError(f"layer {i} ({m}): expected args [c2, shortcut, g, e, {{kwargs}}], got {args}")
                     specs[i] = (cls, list(args), kw, stock)
                     m = stock
@@ -200,8 +204,8 @@ def _make_wrapper(original):
         for i, (cls, args, kw, stock) in specs.items():
             if _extends_stock(cls):
                 stock_types[i] = _type_name(type(model[i]))
-                model[i] = _from_stock(i, cls, model[i], kw)
-                logs[i] = (lambda kw: lambda text: f"{text[:-1]}, {kw}]" if kw and text.endswith("]") else text)(kw)
+                model[i] = _from_stock(cls, model[i], kw)
+                logs[i] = functools.partial(_with_kwargs, kw)  # the stock line's arguments, then the kwargs
                 continue
             stock_types[i] = _C2F_TYPE
             c2f = model[i]
