@@ -92,3 +92,12 @@ def test_apply_no_decay_refuses_a_stepped_optimizer():
     opt.step()
     with pytest.raises(RuntimeError, match="stepped"):
         apply_no_decay(opt, model)
+
+
+def test_recipe_can_be_turned_off(monkeypatch):
+    model = DetectionModel("yolov8n-bimamba-sppf.yaml", nc=10, verbose=False)
+    names = {id(p): n for n, p in model.named_parameters()}
+    monkeypatch.setenv("YOLO_BIMAMBA_SSM_NO_DECAY", "0")
+    assert _groups(_build(model, "SGD"), names) == _groups(_build(model, "SGD", original=True), names)
+    monkeypatch.setenv("YOLO_BIMAMBA_SSM_NO_DECAY", "1")
+    assert _groups(_build(model, "SGD"), names) != _groups(_build(model, "SGD", original=True), names)

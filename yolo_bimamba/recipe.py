@@ -9,14 +9,17 @@ wraps ``build_optimizer``: for a model that contains one of our mixers or layers
 :func:`no_decay_parameters` names are moved from the decayed groups and the bias group into the ``weight_decay=0``
 weight group (Ultralytics' ``"bn"`` group with the same learning rate: no decay, the weights' warmup); every other
 parameter stays where Ultralytics put it, and a model without our modules gets Ultralytics' optimizer untouched.
+``YOLO_BIMAMBA_SSM_NO_DECAY=0`` in the environment turns the recipe off (Ultralytics' grouping for every model), for
+comparing the two recipes.
 """
 from __future__ import annotations
 
 import functools
+import os
 
 from torch import nn
 
-__all__ = ["no_decay_parameters", "apply_no_decay", "install"]
+__all__ = ["no_decay_parameters", "apply_no_decay", "install", "enabled"]
 
 #: Parameter names, per module class, that are never decayed (looked up by name, so that modules pickled before a
 #: parameter carried its ``_no_weight_decay`` mark are treated the same).
@@ -87,10 +90,17 @@ def apply_no_decay(optimizer, model: nn.Module) -> int:
     return moved
 
 
+def enabled() -> bool:
+    """False when ``YOLO_BIMAMBA_SSM_NO_DECAY=0``: the trainer then groups our parameters as Ultralytics does."""
+    return os.environ.get("YOLO_BIMAMBA_SSM_NO_DECAY", "1").strip() != "0"
+
+
 def _wrap_build_optimizer(original):
     @functools.wraps(original)
     def build_optimizer(self, model, *args, **kwargs):
         optimizer = original(self, model, *args, **kwargs)
+        if not enabled():
+            return optimizer
         from ultralytics.utils import LOGGER
         from ultralytics.utils.torch_utils import unwrap_model
 
