@@ -283,3 +283,91 @@ def test_bimamba2_graph_form_equals_eager(kw, monkeypatch, tmp_path):
     out = sess.run(None, {sess.get_inputs()[0].name: u.numpy()})[0]
     with torch.no_grad():
         np.testing.assert_allclose(out, mf(u).numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mlp_ratio", [0.0, 2.0])
+def test_layer_scale_zero_is_the_identity_and_trains(mlp_ratio):
+    torch.manual_seed(0)
+    layer = BiMambaLayer2D(32, mlp_ratio=mlp_ratio, layer_scale=0.0)
+    x = torch.randn(2, 32, 5, 7, requires_grad=True)
+    y = layer(x)
+    assert torch.equal(y, x)
+    y.square().sum().backward()
+    assert layer.gamma.grad.abs().sum() > 0  # the scales learn at once; the branches follow once they are non-zero
+    assert (layer.gamma2 is None) == (mlp_ratio == 0) and (layer.gamma2 is None or layer.gamma2.grad.abs().sum() > 0)
+    assert all(getattr(p, "_no_weight_decay", False) for p in (layer.gamma, layer.gamma2) if p is not None)
+    with torch.no_grad():
+        layer.gamma.fill_(1.0)
+        if layer.gamma2 is not None:
+            layer.gamma2.fill_(1.0)
+        plain = BiMambaLayer2D(32, mlp_ratio=mlp_ratio)
+        plain.load_state_dict({k: v for k, v in layer.state_dict().items() if not k.startswith("gamma")})
+        torch.testing.assert_close(layer(x), plain(x), rtol=0, atol=0)  # a scale of 1 is the plain layer
+
+
+def test_layer_scale_default_keeps_the_plain_layer_and_old_pickles_run(tmp_path):
+    torch.manual_seed(0)
+    layer = BiMambaLayer2D(16, mlp_ratio=2.0)
+    assert layer.gamma is None and layer.gamma2 is None
+    assert not any("gamma" in k for k in layer.state_dict())
+    x = torch.randn(1, 16, 4, 3)
+    ref = layer(x)
+    for k in ("gamma", "gamma2"):  # a layer pickled before layer_scale existed has neither attribute
+        layer.__dict__.pop(k)
+    torch.save(layer, tmp_path / "old.pt")
+    old = torch.load(tmp_path / "old.pt", weights_only=False)
+    assert not hasattr(old, "gamma") and torch.equal(old(x), ref)
+    with pytest.raises(ValueError, match="layer_scale"):
+        BiMambaLayer2D(16, layer_scale=float("nan"))
+
+
+def test_local_branch_sits_beside_the_mixer():
+    torch.manual_seed(0)
+    layer = BiMambaLayer2D(32, local=5)
+    assert layer.local_conv.kernel_size == (5, 5) and layer.local_conv.groups == 32
+    plain = BiMambaLayer2D(32)
+    plain.load_state_dict({k: v for k, v in layer.state_dict().items() if not k.startswith("local_conv")})
+    x = torch.randn(2, 32, 6, 7)
+    with torch.no_grad():
+        # the branch adds dwconv(LN(x)) to the mixer's output, inside the residual
+        tokens = torch.nn.functional.layer_norm(x.flatten(2).transpose(1, 2), (32,), layer.norm.weight, layer.norm.bias)
+        conv = layer.local_conv(tokens.transpose(1, 2).reshape(2, 32, 6, 7))
+        torch.testing.assert_close(layer(x), plain(x) + conv, rtol=1e-5, atol=1e-5)
+    layer(x).square().mean().backward()
+    assert layer.local_conv.weight.grad.abs().sum() > 0
+    scaled = BiMambaLayer2D(32, local=3, layer_scale=0.0)
+    assert torch.equal(scaled(x), x)  # the branch is inside the scaled residual: still the identity at step 0
+
+
+def test_pos_encoding_starts_at_zero_and_learns():
+    torch.manual_seed(0)
+    layer = BiMambaLayer2D(16, pos=True, mlp_ratio=2.0)
+    plain = BiMambaLayer2D(16, mlp_ratio=2.0)
+    plain.load_state_dict({k: v for k, v in layer.state_dict().items() if not k.startswith("pos_conv")})
+    x = torch.randn(2, 16, 5, 4)
+    assert torch.equal(layer(x), plain(x))  # zero-initialised: no change at init
+    layer(x).square().mean().backward()
+    assert layer.pos_conv.weight.grad.abs().sum() > 0 and layer.pos_conv.bias.grad.abs().sum() > 0
+    with torch.no_grad():
+        layer.pos_conv.weight.normal_()
+        assert not torch.allclose(layer(x), plain(x))
+        ref = plain(x + layer.pos_conv(x))  # x + dwconv3x3(x) before the layer
+        torch.testing.assert_close(layer(x), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(scan="cross4"), "four ways"), (dict(local=4), "odd"), (dict(local=-1), "local"), (dict(local=True), "local"),
+    (dict(pos=1), "pos"), (dict(layer_scale="0"), "layer_scale"),
+])
+def test_bad_layer_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BiMambaLayer2D(16, **kwargs)
+
+
+def test_layer_options_reach_the_extension_blocks():
+    from yolo_bimamba.nn import C3k2BiMamba
+
+    blk = C3k2BiMamba(32, 32, 1, True, scan="rowcol", local=3, pos=True, layer_scale=0.1)
+    assert blk.mix.scan == "rowcol" and blk.mix.local_conv is not None and blk.mix.pos_conv is not None
+    assert torch.allclose(blk.mix.gamma, torch.full((32,), 0.1))
+    assert blk(torch.randn(1, 32, 4, 4)).shape == (1, 32, 4, 4)

@@ -5,11 +5,15 @@
 * **YAML rows.** Ultralytics' ``parse_model`` decides which modules get ``c1`` inferred, ``c2`` width-scaled and
   capped by ``max_channels`` and ``n`` depth-scaled from sets that are local to the function and rebuilt on every
   call, so no registry can extend them. :func:`parse_model` wraps the original instead: rows naming one of our
-  blocks are rewritten to the built-in ``C2f`` (trailing dict arguments are taken out as the block's keyword
-  arguments), the original builds the model, and each such layer is then rebuilt as our block from the channels the
-  original resolved for the C2f (``c1`` = cv1 input, ``c2`` = cv2 output, ``n`` = number of bottlenecks). The block
-  thus scales exactly like C2f in every Ultralytics version, whatever the shape of those sets. The layer table that
-  ``parse_model`` logs is corrected to show our block, its parameter count and its arguments.
+  blocks are rewritten to a built-in module (trailing dict arguments are taken out as the block's keyword
+  arguments), the original builds the model, and each such layer is then turned into our block. Blocks of the C2f
+  signature (``C2fBiMamba``, ``C2fHydra``) are rewritten to ``C2f`` and rebuilt from the channels the original
+  resolved for it (``c1`` = cv1 input, ``c2`` = cv2 output, ``n`` = number of bottlenecks). Blocks that extend a
+  stock module (:mod:`yolo_bimamba.nn.extend`: ``SPPFBiMamba``, ``C3k2BiMamba``, ...) are rewritten to the module
+  they name (``stock_name()``) and made from the built layer itself (``from_stock``), which keeps its submodules
+  and their names, so stock checkpoints transfer. Either way the block scales exactly like the stock module in every
+  Ultralytics version, whatever the shape of those sets. The layer table that ``parse_model`` logs is corrected to
+  show our block, its parameter count and its arguments.
 * **Names.** Our blocks are also put into ``ultralytics.nn.tasks``' globals.
 * **YAML lookup.** ``ultralytics.utils.checks.check_file`` (behind ``check_yaml`` and ``check_det_dataset``) is
   wrapped so that bare names of our YAMLs (``bimamba.yaml``, ``yolov8-bimamba.yaml`` - hence ``yolov8n-bimamba.yaml``
@@ -20,6 +24,8 @@
   Ultralytics would download (Arial.ttf, Arial.Unicode.ttf) are provided from matplotlib's DejaVuSans; the CUDA AMP
   check, which downloads a reference model, is skipped offline when that model is not on disk (AMP stays on, which
   is what Ultralytics itself does when the download fails).
+* **Recipe.** The trainer's optimizer keeps our mixers' A_log, D, dt_bias, norm weights and layer scales out of
+  weight decay (:mod:`yolo_bimamba.recipe`; models without our blocks are unaffected).
 * **Guard.** ``yolo_bimamba.guard.install()`` is called when that module exists.
 """
 
@@ -48,7 +54,7 @@ from pathlib import Path  # noqa: E402
 __all__ = ["register", "register_block", "blocks", "cfg_dir", "resolve_name", "parse_model", "ensure_fonts"]
 
 #: Block names looked up lazily in yolo_bimamba.nn (a block that does not exist yet is simply not registered).
-_KNOWN_BLOCKS = ("C2fBiMamba", "C2fHydra")
+_KNOWN_BLOCKS = ("C2fBiMamba", "C2fHydra", "SPPFBiMamba", "C2PSABiMamba", "C3k2BiMamba", "C2fPlusBiMamba")
 _EXTRA_BLOCKS: dict[str, type] = {}
 _LOCK = threading.RLock()
 _REGISTERED = False
@@ -63,7 +69,9 @@ def cfg_dir() -> Path:
 
 
 def register_block(cls: type, name: str | None = None) -> type:
-    """Make ``cls`` (C2f signature ``(c1, c2, n, shortcut, g, e, **kw)``) usable in YAML rows like C2f."""
+    """Make ``cls`` usable in YAML rows: a C2f-signature block ``(c1, c2, n, shortcut, g, e, **kw)`` like C2f, or a
+    block with ``stock_name()`` and ``from_stock(layer, **kw)`` (see :mod:`yolo_bimamba.nn.extend`) like its stock
+    module."""
     name = name or cls.__name__
     _EXTRA_BLOCKS[name] = cls
     if _REGISTERED:
@@ -109,14 +117,37 @@ class _Capture(logging.Filter):
         return False
 
 
-def _fix_line(msg: str, i: int, layer, cls, args) -> str:
-    t = f"{cls.__module__}.{cls.__qualname__}"
-    k = msg.find(_C2F_TYPE)
+def _type_name(cls) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _fix_line(msg: str, layer, cls, stock_type: str, args) -> str:
+    """The layer-table line of the stock module ``stock_type`` rewritten for our block: its type, parameter count and
+    ``args`` (a list, or a function of the stock line's argument text)."""
+    k = msg.find(stock_type)
     if k < 0:
         return msg
+    if callable(args):
+        args = args(msg[k + len(stock_type):].strip())
     head = msg[:k].rstrip()
-    head = head[: len(head) - len(head.split()[-1])].rstrip()  # drop C2f's parameter count
-    return f"{head}{layer.np:10.0f}  {t:<45}{args!s:<30}"
+    head = head[: len(head) - len(head.split()[-1])].rstrip()  # drop the stock module's parameter count
+    return f"{head}{layer.np:10.0f}  {_type_name(cls):<45}{args!s:<30}"
+
+
+def _with_kwargs(kw: dict, args_text: str) -> str:
+    return f"{args_text[:-1]}, {kw}]" if kw and args_text.endswith("]") else args_text
+
+
+def _extends_stock(cls) -> bool:
+    return callable(getattr(cls, "from_stock", None)) and callable(getattr(cls, "stock_name", None))
+
+
+def _from_stock(cls, layer, kw):
+    """A layer built by Ultralytics as the stock module, made into our block ``cls`` (same submodules)."""
+    block = cls.from_stock(layer, **kw)
+    block.np = sum(p.numel() for p in block.parameters())
+    block.i, block.f, block.type = layer.i, layer.f, _type_name(cls)
+    return block
 
 
 def _apply_recorded_swap(model, save, d):
@@ -137,22 +168,23 @@ def _make_wrapper(original):
             return _apply_recorded_swap(*original(d, ch, verbose), d)
 
         d = dict(d)
-        specs = {}  # layer index -> (class, row args without kwargs, kwargs)
+        specs = {}  # layer index -> (class, row args without kwargs, kwargs, stock module name)
         i = 0
         for sec in ("backbone", "head"):
             new_rows = []
             for f, n, m, args in d.get(sec) or []:
                 args = list(args)
                 if isinstance(m, str) and m in ours:
-                    kw = {}
+                    cls, kw = ours[m], {}
                     while args and isinstance(args[-1], dict):
                         kw = {**args.pop(), **kw}
                     if not args:
                         raise ValueError(f"layer {i} ({m}): the first argument must be the output channels c2")
-                    if len(args) > 4:
+                    stock = cls.stock_name() if _extends_stock(cls) else "C2f"
+                    if not _extends_stock(cls) and len(args) > 4:
                         raise ValueError(f"layer {i} ({m}): expected args [c2, shortcut, g, e, {{kwargs}}], got {args}")
-                    specs[i] = (ours[m], list(args), kw)
-                    m = "C2f"
+                    specs[i] = (cls, list(args), kw, stock)
+                    m = stock
                 new_rows.append([f, n, m, args])
                 i += 1
             d[sec] = new_rows
@@ -168,8 +200,14 @@ def _make_wrapper(original):
             if verbose:
                 LOGGER.removeFilter(cap)
 
-        logs = {}
-        for i, (cls, args, kw) in specs.items():
+        logs, stock_types = {}, {}
+        for i, (cls, args, kw, stock) in specs.items():
+            if _extends_stock(cls):
+                stock_types[i] = _type_name(type(model[i]))
+                model[i] = _from_stock(cls, model[i], kw)
+                logs[i] = functools.partial(_with_kwargs, kw)  # the stock line's arguments, then the kwargs
+                continue
+            stock_types[i] = _C2F_TYPE
             c2f = model[i]
             c1, c2, n = c2f.cv1.conv.in_channels, c2f.cv2.conv.out_channels, len(c2f.m)
             shortcut = bool(_literal(args[1])) if len(args) > 1 else False
@@ -186,9 +224,9 @@ def _make_wrapper(original):
         for rec in cap.records:
             msg = rec.getMessage()
             head = msg[:3].strip()
-            if head.isdigit() and int(head) in logs and _C2F_TYPE in msg:
+            if head.isdigit() and int(head) in logs and stock_types[int(head)] in msg:
                 i = int(head)
-                rec.msg, rec.args = _fix_line(msg, i, model[i], specs[i][0], logs[i]), ()
+                rec.msg, rec.args = _fix_line(msg, model[i], specs[i][0], stock_types[i], logs[i]), ()
             LOGGER.handle(rec)
         return _apply_recorded_swap(model, save, d)
 
@@ -329,6 +367,7 @@ def register() -> None:
         for name, cls in blocks().items():
             setattr(tasks, name, cls)
         ensure_fonts()
+        importlib.import_module("yolo_bimamba.recipe").install()  # SSM parameters without weight decay
         _REGISTERED = True
 
     if importlib.util.find_spec("yolo_bimamba.guard") is not None:

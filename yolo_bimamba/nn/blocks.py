@@ -1,6 +1,8 @@
 """2D blocks for (N, C, H, W) feature maps: a residual SSM mixer layer and a C2f-style CSP block."""
 from __future__ import annotations
 
+import math
+
 import torch
 from timm.layers import DropPath, Mlp
 from torch import nn
@@ -23,14 +25,32 @@ class BiMambaLayer2D(nn.Module):
     ``scan="row"`` scans the row-major sequence (both directions); ``scan="rowcol"`` also scans
     the column-major order with the same mixer weights (both orders batched in one call) and
     averages the two.
+
+    ``layer_scale``: ``None`` (default) adds each branch as it is; a number adds a learnable per-channel scale
+    (``gamma`` for the mixer, ``gamma2`` for the MLP) initialised to it, so ``layer_scale=0.0`` makes the layer
+    exactly the identity at step 0 (a block inserted into a trained model keeps its outputs). The scales, like the
+    mixer's A_log, D and dt_bias, are marked ``_no_weight_decay`` (see :mod:`yolo_bimamba.recipe`).
+
+    ``local=k`` (odd k, default 0: off) adds a depthwise k x k convolution of the normalised map beside the mixer
+    (its output is summed with the mixer's, inside the scaled branch): local detail next to global context.
+    ``pos=True`` adds a conditional positional encoding before the layer, ``x + dwconv3x3(x)``, its convolution
+    initialised to zero (so the layer's output at init does not change; it learns from step 0).
     """
 
     mixer_cls = BiMamba2
 
-    def __init__(self, dim: int, scan: str = "row", mlp_ratio: float = 0.0, drop_path: float = 0.0, **mixer_kwargs):
+    def __init__(self, dim: int, scan: str = "row", mlp_ratio: float = 0.0, drop_path: float = 0.0,
+                 layer_scale: float | None = None, local: int = 0, pos: bool = False, **mixer_kwargs):
         super().__init__()
         if scan not in SCAN_ORDERS:
-            raise ValueError(f"{type(self).__name__}: scan must be one of {SCAN_ORDERS}, got {scan!r}")
+            raise ValueError(f"{type(self).__name__}: scan must be one of {SCAN_ORDERS}, got {scan!r} ('rowcol' "
+                             "already scans four ways: row-major and column-major order, each in both directions)")
+        if isinstance(local, bool) or not isinstance(local, int) or local < 0 or (local and local % 2 == 0):
+            raise ValueError(f"{type(self).__name__}: local must be 0 (off) or an odd kernel size, got {local!r}")
+        if not isinstance(pos, bool):
+            raise ValueError(f"{type(self).__name__}: pos must be True or False, got {pos!r}")
+        if layer_scale is not None and not (isinstance(layer_scale, (int, float)) and math.isfinite(layer_scale)):
+            raise ValueError(f"{type(self).__name__}: layer_scale must be None or a finite number, got {layer_scale!r}")
         self.dim, self.scan = dim, scan
         self.norm = nn.LayerNorm(dim)
         self.mixer = self.mixer_cls(dim, **{**BLOCK_MIXER_DEFAULTS, **mixer_kwargs})
@@ -40,6 +60,19 @@ class BiMambaLayer2D(nn.Module):
             self.mlp = Mlp(dim, hidden_features=int(dim * mlp_ratio), act_layer=nn.GELU)
         else:
             self.norm2 = self.mlp = None
+        self.local_conv = nn.Conv2d(dim, dim, local, padding=local // 2, groups=dim) if local else None
+        self.pos_conv = None
+        if pos:
+            self.pos_conv = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+            nn.init.zeros_(self.pos_conv.weight)
+            nn.init.zeros_(self.pos_conv.bias)
+        self.gamma = self.gamma2 = None
+        if layer_scale is not None:
+            self.gamma = nn.Parameter(torch.full((dim,), float(layer_scale)))
+            self.gamma._no_weight_decay = True
+            if self.mlp is not None:
+                self.gamma2 = nn.Parameter(torch.full((dim,), float(layer_scale)))
+                self.gamma2._no_weight_decay = True
 
     def _mix(self, t: torch.Tensor, h: int, w: int) -> torch.Tensor:
         if self.scan == "row":
@@ -57,17 +90,31 @@ class BiMambaLayer2D(nn.Module):
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, h, w = x.shape
+        # optional parts: absent (None) in layers built without them and in layers pickled before they existed
+        pos_conv, local_conv = getattr(self, "pos_conv", None), getattr(self, "local_conv", None)
+        if pos_conv is not None:
+            x = x + pos_conv(x)
         # one view of x feeds both the norm and the residual, so that their gradients are summed before they reach x
         # (in eager autograd as inside a CUDA-graph replay of this layer: the same rounding)
         xf = x.flatten(2)  # (N, C, H*W)
         # LN of the (N, H*W, C) row-major tokens, read channels-first as they are (fused on CUDA: ops.layer_norm)
         tokens = layer_norm_channels_first(xf, self.norm.weight, self.norm.bias, self.norm.eps,
                                            backend=getattr(self.mixer, "backend", "auto"))
-        mixed = self.drop_path(self._mix(tokens, h, w))
+        # layer scales: absent from layers built without layer_scale and from layers pickled before it existed
+        gamma, gamma2 = getattr(self, "gamma", None), getattr(self, "gamma2", None)
+        mixed = self._mix(tokens, h, w)
+        if local_conv is not None:  # the normalised tokens as a map, convolved, back to tokens
+            mixed = mixed + local_conv(tokens.transpose(1, 2).reshape(n, c, h, w)).flatten(2).transpose(1, 2)
+        if gamma is not None:
+            mixed = mixed * gamma.to(mixed.dtype)
+        mixed = self.drop_path(mixed)
         if self.mlp is None:  # the residual sum written channels-first at once
             return (xf + mixed.transpose(1, 2)).reshape(n, c, h, w)
         t = xf.transpose(1, 2) + mixed
-        t = t + self.drop_path(self.mlp(self.norm2(t)))
+        m = self.mlp(self.norm2(t))
+        if gamma2 is not None:
+            m = m * gamma2.to(m.dtype)
+        t = t + self.drop_path(m)
         return t.transpose(1, 2).reshape(n, c, h, w)
 
 
