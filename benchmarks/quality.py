@@ -442,7 +442,9 @@ def main(argv=None):
     rp.add_argument("--pretrain-epochs", dest="pretrain_epochs", type=int)
     rp.add_argument("--finetune-pairs", dest="finetune_pairs", nargs="+", help="STOCK.yaml:OURS.yaml ...")
     rp.add_argument("--latency-imgsz", dest="latency_imgsz", type=int)
-    rp.add_argument("--no-speed", dest="speed", action="store_false", default=None)
+    rp.add_argument("--no-speed", dest="speed", action="store_false", default=None,
+                    help="skip the speed measurements (params, GFLOPs, latency, step images/s)")
+    rp.add_argument("--speed-only", action="store_true", help="only the speed measurements of the grid's models")
     rp.add_argument("--rerun", action="store_true", help="redo runs already in the JSON")
     rep = sub.add_parser("report", help="rewrite OUT/quality.md and OUT/quality.png from OUT/quality.json")
     rep.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quality")
@@ -484,8 +486,8 @@ def main(argv=None):
     ds_needed = set(g["datasets"]) | ({g["pretrain_data"]} if g["mode"] == "finetune" else set())
     print(f"quality: datasets {json.dumps(prepare(data_dir, sorted(ds_needed)))}", flush=True)
     call = {"grid": g, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)), **_versions()}
-    skipped = run_grid(g, out, data_dir, runs_dir, doc, deadline, args.rerun)
-    if g["speed"]:
+    skipped = [] if args.speed_only else run_grid(g, out, data_dir, runs_dir, doc, deadline, args.rerun)
+    if g["speed"] or args.speed_only:
         run_speed(g, out, data_dir, runs_dir, doc, deadline, args.rerun)
     call["wall_s"], call["left_for_later"] = round(time.time() - t_start, 1), skipped
     doc.setdefault("calls", []).append(call)
