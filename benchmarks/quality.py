@@ -262,9 +262,15 @@ def _launch(spec: dict, log: Path) -> subprocess.Popen:
 def _finish(p: subprocess.Popen) -> dict | None:
     p._logf.close()
     text = p._log.read_text(errors="replace")
+    import re
+
     for line in reversed(text.splitlines()):
         if line.startswith("QUALITY_RESULT "):
-            return json.loads(line[len("QUALITY_RESULT "):])
+            res = json.loads(line[len("QUALITY_RESULT "):])
+            t = re.search(r"Transferred (\d+)/(\d+) items from pretrained weights", text)
+            if t:  # fine-tuning: how many tensors of the checkpoint the model took over (Ultralytics' count)
+                res["transferred"] = [int(t.group(1)), int(t.group(2))]
+            return res
     return {"status": "failed", "rc": p.returncode, "log_tail": text[-2000:]}
 
 
@@ -288,13 +294,18 @@ def _estimate(doc: dict, job: dict) -> float:
     return 1.15 * statistics.median(done) + 20 if done else 0.0
 
 
-def run_grid(g: dict, out: Path, data_dir: Path, runs_dir: Path, doc: dict, deadline: float, rerun: bool):
-    """Train the grid's missing runs, ``g['parallel']`` at a time, writing OUT/quality.json after each."""
+def run_grid(g: dict, out: Path, data_dir: Path, runs_dir: Path, doc: dict, deadline: float, rerun: bool,
+             retry_failed: bool = False):
+    """Train the grid's missing runs, ``g['parallel']`` at a time, writing OUT/quality.json after each. A run already
+    in the JSON with the same recipe is kept (a failed one too, unless ``retry_failed``; a pretraining run only while
+    its checkpoint is on disk)."""
     todo = []
     for j in jobs(g):
         old = doc["runs"].get(j["key"])
-        if old and old.get("status") == "ok" and old["recipe"] == j["recipe"] and not rerun:
-            if j["mode"] != "pretrain" or Path(old.get("checkpoint", "")).is_file():
+        if old and old["recipe"] == j["recipe"] and not rerun:
+            if old.get("status") == "failed" and not retry_failed:
+                continue
+            if old.get("status") == "ok" and (j["mode"] != "pretrain" or Path(old.get("checkpoint", "")).is_file()):
                 continue
         todo.append(j)
     print(f"quality: {len(todo)} run(s) to do, {g['parallel']} at a time", flush=True)
@@ -344,7 +355,7 @@ def run_grid(g: dict, out: Path, data_dir: Path, runs_dir: Path, doc: dict, dead
 
 def run_speed(g: dict, out: Path, data_dir: Path, runs_dir: Path, doc: dict, deadline: float, rerun: bool):
     models = sorted({j["model"] for j in jobs(g) if j["mode"] != "pretrain"})
-    dev_key = os.environ.get("QUALITY_DEVICE_KEY") or _gpu_name()
+    dev_key = _gpu_name()
     for m in models:
         key = f"{model_name(m)}|{dev_key}"
         if key in doc["speed"] and not rerun:
@@ -368,22 +379,27 @@ def run_speed(g: dict, out: Path, data_dir: Path, runs_dir: Path, doc: dict, dea
 
 
 def _gpu_name() -> str:
-    r = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0) "
-                        "if torch.cuda.is_available() else 'cpu')"], capture_output=True, text=True)
-    return r.stdout.strip() or "unknown"
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
 def _versions() -> dict:
-    code = ("import json, torch, ultralytics; v = {'torch': torch.__version__, 'ultralytics': ultralytics.__version__}\n"
-            "try:\n import triton; v['triton'] = triton.__version__\nexcept ImportError: pass\nprint(json.dumps(v))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    import torch
+    import ultralytics
+
+    v = {"torch": torch.__version__, "ultralytics": ultralytics.__version__, "gpu": _gpu_name(),
+         "python": sys.version.split()[0]}
     try:
-        v = json.loads(r.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        v = {}
+        import triton
+
+        v["triton"] = triton.__version__
+    except ImportError:
+        pass
     c = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    v["commit"] = c.stdout.strip() or "unknown"
-    v["gpu"] = _gpu_name()
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    v["commit"] = (c.stdout.strip() or "unknown") + ("+dirty" if dirty else "")
     return v
 
 
@@ -446,6 +462,7 @@ def main(argv=None):
                     help="skip the speed measurements (params, GFLOPs, latency, step images/s)")
     rp.add_argument("--speed-only", action="store_true", help="only the speed measurements of the grid's models")
     rp.add_argument("--rerun", action="store_true", help="redo runs already in the JSON")
+    rp.add_argument("--retry-failed", action="store_true", help="redo runs that failed (kept as failed otherwise)")
     rep = sub.add_parser("report", help="rewrite OUT/quality.md and OUT/quality.png from OUT/quality.json")
     rep.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quality")
     wp = sub.add_parser("_worker")
@@ -486,7 +503,8 @@ def main(argv=None):
     ds_needed = set(g["datasets"]) | ({g["pretrain_data"]} if g["mode"] == "finetune" else set())
     print(f"quality: datasets {json.dumps(prepare(data_dir, sorted(ds_needed)))}", flush=True)
     call = {"grid": g, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)), **_versions()}
-    skipped = [] if args.speed_only else run_grid(g, out, data_dir, runs_dir, doc, deadline, args.rerun)
+    skipped = [] if args.speed_only else run_grid(g, out, data_dir, runs_dir, doc, deadline, args.rerun,
+                                                           args.retry_failed)
     if g["speed"] or args.speed_only:
         run_speed(g, out, data_dir, runs_dir, doc, deadline, args.rerun)
     call["wall_s"], call["left_for_later"] = round(time.time() - t_start, 1), skipped

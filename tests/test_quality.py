@@ -166,6 +166,25 @@ def test_quality_end_to_end_cpu(tmp_path):
     assert sorted(doc2["calls"][-1]["left_for_later"]) == sorted(f"scratch|{m[:-5]}|digits-tiny|2" for m in models)
 
 
+def test_quality_finetune_cpu(tmp_path):
+    """--mode finetune: a stock model trained briefly is the checkpoint; the stock model and the BiMamba2 model are
+    fine-tuned from it with the same recipe, and the JSON says how many tensors each took over."""
+    _quality("run", "--mode", "finetune", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out"),
+             "--runs-dir", str(tmp_path / "runs"), "--datasets", "digits-tiny", "--pretrain-data", "digits-tiny",
+             "--pretrain-epochs", "1", "--finetune-pairs", "yolov8n.yaml:yolov8n-bimamba-p5.yaml", "--seeds", "0",
+             "--epochs", "1", "--imgsz", "64", "--batch", "16", "--parallel", "2", "--workers", "0", "--device", "cpu",
+             "--cache", "False", "--no-speed")
+    runs = json.loads((tmp_path / "out" / "quality.json").read_text())["runs"]
+    pre = runs["pretrain|yolov8n|digits-tiny|0"]
+    assert pre["status"] == "ok" and Path(pre["checkpoint"]).is_file()
+    stock = runs["finetune|yolov8n<-yolov8n|digits-tiny|0"]
+    ours = runs["finetune|yolov8n-bimamba-p5<-yolov8n|digits-tiny|0"]
+    assert stock["status"] == ours["status"] == "ok" and stock["recipe"] == ours["recipe"]
+    assert stock["transferred"][0] == stock["transferred"][1] > 300  # every tensor of the same architecture
+    assert 0 < ours["transferred"][0] < ours["transferred"][1]
+    assert "### finetune" in (tmp_path / "out" / "quality.md").read_text()
+
+
 def test_report_pareto_front():
     from quality_report import pareto
 
