@@ -429,7 +429,7 @@ def _grid(args) -> dict:
     return g
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     pp = sub.add_parser("prepare", help="write sources and build the datasets (run where scikit-learn is)")
@@ -467,7 +467,11 @@ def main(argv=None):
     rep.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quality")
     wp = sub.add_parser("_worker")
     wp.add_argument("spec")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
 
     if args.cmd == "_worker":
         spec = json.loads(args.spec)

@@ -71,8 +71,10 @@ def table(doc: dict) -> str:
                      f"{c['grid'].get('epochs')} epochs, imgsz {c['grid'].get('imgsz')}, batch {c['grid'].get('batch')}, "
                      "AdamW lr0 0.003, from scratch, last.pt (EMA) validated on the val split.")
         lines.append("")
-    lines += [f"Speed on {gpu or '-'}: latency eager fp16, Conv+BN fused, 640 px, CUDA-synchronised medians; training "
-              "step at 640 px, batch 32, fp16 AMP. GFLOPs at 640 with the SSM work counted (yolo_bimamba.flops).", ""]
+    lat_px = calls[-1].get("grid", {}).get("latency_imgsz", 640) if calls else 640
+    lines += [f"Speed on {gpu or '-'}: latency eager fp16 (fp32 on a CPU), Conv+BN fused, {lat_px} px, CUDA-synchronised "
+              "medians; training step at 640 px, batch 32, fp16 AMP. Params and GFLOPs (at 640, the SSM work counted: "
+              "yolo_bimamba.flops) of the 80-class model.", ""]
     for mode in ("scratch", "finetune", "pretrain"):
         keys = sorted({k for k in agg if k[0] == mode}, key=lambda k: (k[2], -agg[k]["mAP50_95"]
                                                                        if not math.isnan(agg[k]["mAP50_95"]) else 0))
@@ -105,6 +107,9 @@ def plot(doc: dict, path: Path) -> Path:
 
     agg = aggregate(doc)
     speed, gpu = _speed_by_model(doc)
+    calls = doc.get("calls") or [{}]
+    lat_px = calls[-1].get("grid", {}).get("latency_imgsz", 640)
+    dtype = next((s.get("dtype") for s in speed.values() if s.get("dtype")), "float16")
     datasets = sorted({k[2] for k in agg if k[0] == "scratch"}) or sorted({k[2] for k in agg})
     fig, axes = plt.subplots(1, max(1, len(datasets)), figsize=(6 * max(1, len(datasets)), 4.5), squeeze=False)
     for ax, ds in zip(axes[0], datasets):
@@ -123,7 +128,7 @@ def plot(doc: dict, path: Path) -> Path:
             ax.plot(*zip(*fx), "--", color="gray", label="Pareto front")
             ax.legend(loc="lower right", fontsize=8)
         ax.set_title(f"{ds}: mAP50-95 (mean ± std over seeds)")
-        ax.set_xlabel(f"latency, batch 1, fp16, 640 px (ms) on {gpu or '-'}")
+        ax.set_xlabel(f"latency, batch 1, {dtype}, {lat_px} px (ms) on {gpu or '-'}")
         ax.set_ylabel("mAP50-95 (val)")
         ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -114,6 +114,23 @@ def test_default_grid_names_existing_models():
             assert (REPO / "cfg" / cfg.replace("yolov8n-", "yolov8-")).is_file(), cfg
 
 
+def test_grid_yaml_and_flags(tmp_path):
+    import quality
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("epochs: 5\nmodels: [yolov8n.yaml, study/yolov8n-bimamba-p45.yaml]\nseeds: [3, 4, 5]\n")
+    g = quality._grid(quality.parser().parse_args(["run", "--grid", str(grid), "--epochs", "7", "--datasets", "digits",
+                                                   "--cache", "False"]))
+    assert g["epochs"] == 7 and g["seeds"] == [3, 4, 5] and g["datasets"] == ["digits"] and g["cache"] is False
+    js = quality.jobs(g)
+    assert len(js) == 2 * 3 and js[0]["key"] == "scratch|yolov8n|digits|3" and js[1]["model"].startswith("study/")
+    assert js[0]["recipe"] == js[1]["recipe"] and js[0]["recipe"]["imgsz"] == 256 and js[0]["recipe"]["fliplr"] == 0.0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("epoch: 5\n")
+    with pytest.raises(SystemExit, match="unknown grid key"):
+        quality._grid(quality.parser().parse_args(["run", "--grid", str(bad)]))
+
+
 # ---------------------------------------------------------------------------------------------- end to end
 def _quality(*args, timeout=900):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
