@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["DEFAULTS", "build_digits_dataset", "cache_root", "resolve_data_yaml", "dataset_spec"]
+__all__ = ["DEFAULTS", "GENERATORS", "build_dataset", "build_digits_dataset", "cache_root", "resolve_data_yaml",
+           "dataset_spec"]
 
 GENERATOR_KEY = "yolo_bimamba_dataset"
 VERSION = 1  # bump when the scene recipe changes: it is part of the cache key
@@ -71,16 +72,41 @@ def _params(**overrides) -> dict:
     return p
 
 
-def _key(p: dict) -> str:
-    blob = json.dumps({**p, "version": VERSION}, sort_keys=True).encode()
+def _key(p: dict, version: int = VERSION) -> str:
+    """Cache folder name: the dataset name and a hash of its parameters and recipe version."""
+    blob = json.dumps({**p, "version": version}, sort_keys=True).encode()
     return f"{p['name']}-{hashlib.sha256(blob).hexdigest()[:12]}"
 
 
-def _load_digits():
+DIGITS_NPZ = "sklearn-digits.npz"
+
+
+def _load_digits(base: Path | None = None):
+    """scikit-learn's digits as (images float32 (1797, 8, 8) in [0, 1], labels int64); without scikit-learn, from
+    ``base/sources/sklearn-digits.npz`` (written by :func:`write_sources`, e.g. for an offline GPU machine)."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        npz = (base or cache_root()) / "sources" / DIGITS_NPZ
+        if not npz.is_file():
+            raise ImportError(f"the digits dataset needs scikit-learn, or {npz} (write_sources)") from None
+        with np.load(npz, allow_pickle=False) as z:
+            return z["images"].astype(np.float32) / 16.0, z["target"].astype(np.int64)
+    d = load_digits()
+    return d.images.astype(np.float32) / 16.0, d.target.astype(np.int64)
+
+
+def write_sources(base: str | Path) -> Path:
+    """Write scikit-learn's digits (uint8 0-16, exactly as shipped) to ``base/sources/sklearn-digits.npz``."""
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    return d.images.astype(np.float32) / 16.0, d.target.astype(np.int64)
+    out = Path(base) / "sources" / DIGITS_NPZ
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp.npz")
+    np.savez_compressed(tmp, images=d.images.astype(np.uint8), target=d.target.astype(np.int64))
+    os.replace(tmp, out)
+    return out
 
 
 def _background(rng: np.random.Generator, s: int) -> np.ndarray:
@@ -181,19 +207,29 @@ def build_digits_dataset(root: str | Path | None = None, force: bool = False, **
     if yaml_path.is_file() and not force:
         return yaml_path
 
-    base.mkdir(parents=True, exist_ok=True)
-    glyphs, targets = _load_digits()
+    glyphs, targets = _load_digits(base)
     # Disjoint handwriting for train and val: a fixed permutation, the last 25% of samples are reserved for val.
     perm = np.random.default_rng(12345).permutation(len(targets))
     n_hold = len(perm) // 4
     pools = {"train": perm[n_hold:], "val": perm[:n_hold]}
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=base))  # build aside, then rename: safe under races
-    try:
+    def write(tmp: Path):
         for split, n, off in (("train", p["n_train"], 0), ("val", p["n_val"], 1)):
             rng = np.random.default_rng([p["seed"], off])
             _write_split(tmp, split, n, rng, p, glyphs, targets, pools[split])
         (tmp / "data.yaml").write_text(_data_yaml_text(out, p))
+
+    return build_cached(out, write, force)
+
+
+def build_cached(out: Path, write, force: bool = False) -> Path:
+    """Run ``write(tmp)`` into a fresh folder beside ``out`` and rename it to ``out`` (safe when several processes
+    build the same dataset at once: the first rename wins). Returns ``out / "data.yaml"``."""
+    yaml_path = out / "data.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))  # build aside, then rename
+    try:
+        write(tmp)
         if force and out.exists():
             shutil.rmtree(out)
         try:
@@ -226,9 +262,28 @@ def dataset_spec(path: str | Path) -> dict | None:
     if not isinstance(spec, dict):
         return None
     spec = dict(spec)
-    if spec.pop("generator", "digits") != "digits":
-        raise ValueError(f"{path}: unknown dataset generator {spec.get('generator')!r}")
+    spec.setdefault("generator", "digits")
+    if spec["generator"] not in GENERATORS:
+        raise ValueError(f"{path}: unknown dataset generator {spec['generator']!r}; known: {sorted(GENERATORS)}")
     return spec
+
+
+#: generator name in a descriptor YAML -> "module:function" building that dataset (imported on use)
+GENERATORS = {
+    "digits": "yolo_bimamba.data:build_digits_dataset",
+    "fashion": "yolo_bimamba.fashion_scenes:build_fashion_dataset",
+}
+
+
+def build_dataset(generator: str = "digits", root: str | Path | None = None, force: bool = False, **params) -> Path:
+    """Build (or reuse from the cache) the dataset of ``generator`` (a key of :data:`GENERATORS`) and return the path
+    of its Ultralytics data YAML."""
+    import importlib
+
+    if generator not in GENERATORS:
+        raise ValueError(f"unknown dataset generator {generator!r}; known: {sorted(GENERATORS)}")
+    mod, fn = GENERATORS[generator].split(":")
+    return getattr(importlib.import_module(mod), fn)(root=root, force=force, **params)
 
 
 def resolve_data_yaml(path: str | Path) -> str | None:
@@ -236,7 +291,7 @@ def resolve_data_yaml(path: str | Path) -> str | None:
     spec = dataset_spec(path)
     if spec is None:
         return None
-    return str(build_digits_dataset(**spec))
+    return str(build_dataset(**spec))
 
 
 if __name__ == "__main__":  # python -m yolo_bimamba.data [key=value ...]: build and print the data YAML path
