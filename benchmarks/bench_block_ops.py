@@ -1,6 +1,6 @@
 """Speed of the fused block ops against the PyTorch expressions they replace, at the shapes of the detection models.
 
-    python benchmarks/bench_block_ops.py [--out-dir DIR]   # CUDA; writes DIR/block-ops-<gpu>.json (default benchmarks/results)
+    python benchmarks/bench_block_ops.py [--out-dir DIR]   # CUDA; writes DIR/block-ops-<gpu>.json (default benchmarks/out)
 
 Ops (inputs as the modules see them under bf16 AMP: bf16 activations, slices of the in-projection's output, fp32
 weights):
@@ -58,7 +58,7 @@ def norm_case(b, L, d):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "out"))
     ap.add_argument("--budget", type=float, default=1.0, help="seconds per timing")
     args = ap.parse_args()
     import triton

@@ -1,6 +1,6 @@
 """Speed and memory of the bidirectional SSD op: fused Triton kernels vs the alternatives.
 
-    python benchmarks/bench_kernels.py                       # all shapes, bf16, writes benchmarks/results/
+    python benchmarks/bench_kernels.py                       # all shapes, bf16, writes benchmarks/out/
     python benchmarks/bench_kernels.py --out-dir DIR --quick  # fewer repeats
 
 Cases (each fwd and fwd+bwd):
@@ -419,7 +419,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="shorter timing budget")
     ap.add_argument("--no-graph", action="store_true")
     ap.add_argument("--no-check", action="store_true", help="skip the fp32 equivalence check of the cases")
-    ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "out"))
     ap.add_argument("--tag", default=None, help="file name suffix (default: the GPU's name)")
     ap.add_argument("--shape-override", default=None, help="JSON dict of shape -> sizes (dry runs)")
     ap.add_argument("--force-configs", default=None, metavar="FWD,BWD,STATE",

@@ -1,4 +1,4 @@
-"""End-to-end training benchmark on a CUDA GPU (issue 6).
+"""End-to-end training benchmark on a CUDA GPU.
 
 Measures, for yolov8n/s, yolov8n/s-bimamba and yolov8n/s-bimamba-p5 at imgsz 640, batch 32:
   1. the model step alone (forward + loss + backward + clip + optimizer step on a fixed GPU batch),
@@ -7,7 +7,7 @@ Measures, for yolov8n/s, yolov8n/s-bimamba and yolov8n/s-bimamba-p5 at imgsz 640
   2. the real `yolo train` loop throughput (epochs after the first, RAM-cached synthetic 640 px
      data) - with --loop;
   3. params, GFLOPs and ONNX CPU latency per image (onnxruntime) - with --onnx.
-Writes benchmarks/results/train-<gpu>.json (or --out) and prints a markdown table.
+Writes benchmarks/out/train-<gpu>.json (or into --out) and prints a markdown table.
 
     python benchmarks/bench_train.py [--loop] [--onnx] [--out DIR] [--cuda-graphs on|off|both]
 
@@ -95,7 +95,7 @@ def model_step_bench(yaml: str, precision: str, backend: str, bs: int, imgsz: in
     dev = torch.device("cuda")
     # what earlier rows of this process left (a model in a reference cycle waits for the garbage collector) must not
     # count as this row's memory: collect it, and report the peak above what is still allocated before the row
-    # (session 11: without this, yolov8n measured 3.9 GB first in a process and 5.7 GB after three other models)
+    # (without this, yolov8n measured 3.9 GB first in a process and 5.7 GB after three other models)
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.synchronize()
@@ -316,7 +316,7 @@ def main():
                     help="CUDA-graph replay of the BiMamba layers (YOLO_BIMAMBA_CUDA_GRAPHS): on (the default, as users "
                          "train), off, or both (each BiMamba model measured both ways, side by side)")
     ap.add_argument("--onnx", action="store_true", help="also export ONNX and time CPU inference")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "out"))
     ap.add_argument("--onnx-only", action="store_true",
                     help="only params, GFLOPs and ONNX CPU latency (no GPU needed); writes onnx-cpu-<host>.json")
     ap.add_argument("--onnx-threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")

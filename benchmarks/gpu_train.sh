@@ -1,5 +1,5 @@
 #!/bin/bash
-# GPU training evidence (issue 6). On a CUDA machine with torch + triton (Ultralytics wheels in .whl/, made by
+# GPU training runs and benchmarks. On a CUDA machine with torch + triton (Ultralytics wheels in .whl/, made by
 # ../shared/tools/gpu-wheels.sh), from the repository root:
 #   bash benchmarks/gpu_train.sh install            # pip-install the wheels and this package, as a user would
 #   GPU=1 EPOCHS=15 bash benchmarks/gpu_train.sh runs  # yolov8n-bimamba fp32 / bf16 / fp16 AMP (RUNS_N=0: skip them)
@@ -7,11 +7,12 @@
 #   PAR="NAME:MODEL:AMP:GPU[:k=v,k=v] ..." bash benchmarks/gpu_train.sh matrix  # all those runs at once, one tgz
 #   bash benchmarks/gpu_train.sh ddp                # 2-GPU DDP: the stock `yolo` CLI and train.py
 #   bash benchmarks/gpu_train.sh bench              # benchmarks/bench_train.py (BENCH_ARGS, default --onnx)
-# Results go to $OUT (default ./gpu-out): train-<mode>.tgz (results.csv, curves, args; no weights) and logs.
+# Results go to $OUT (default benchmarks/out, git-ignored): train-<mode>.tgz (results.csv, curves, args; no weights)
+# and logs.
 set -uo pipefail
-MODE=${1:?usage: gpu_train.sh install|runs|ddp|bench}
+MODE=${1:?usage: gpu_train.sh install|runs|matrix|ddp|bench}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-OUT=${OUT:-$REPO/gpu-out}
+OUT=${OUT:-$REPO/benchmarks/out}
 mkdir -p "$OUT"
 export YOLO_OFFLINE=1 YOLO_AUTOINSTALL=0 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -4,7 +4,7 @@
 #   bash benchmarks/run_gpu.sh          # from anywhere; needs torch + triton + a CUDA GPU, and Ultralytics for the
 #                                       # CUDA-graph tests (installed from .whl/ when it is there)
 #
-# Writes into $OUT when it is set (e.g. the device tool's output folder), else into benchmarks/results/:
+# Writes into $OUT when it is set (e.g. the device tool's output folder), else into benchmarks/out/ (git-ignored):
 #   gpu-tests-<gpu>.log              python -m pytest -m gpu tests/gpu (pytest-xdist, grouped by compile key, if installed)
 #   kernels-<gpu>.json / .md / .png  python benchmarks/bench_kernels.py (bf16, all shapes)
 #   bench-<gpu>.log                  the benchmark's console output
@@ -14,7 +14,7 @@
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-DEST=${OUT:-benchmarks/results}
+DEST=${OUT:-benchmarks/out}
 mkdir -p "$DEST"
 gpu=$(python3 -c "
 import torch

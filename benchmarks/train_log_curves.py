@@ -2,8 +2,8 @@
 come back from the GPU machine): writes <log stem>.csv and one PNG with the curves of every log given. Ultralytics'
 own results.csv files (any name ending in .csv) are read as they are.
 
-    python benchmarks/train_log_curves.py benchmarks/results/train-h200/session3/*.log --png curves.png
-    python benchmarks/train_log_curves.py benchmarks/results/train-h200/session4/*.results.csv --png curves.png
+    python benchmarks/train_log_curves.py benchmarks/out/*.log --png curves.png   # the logs gpu_train.sh copies there
+    python benchmarks/train_log_curves.py ybm-runs/*/results.csv --png curves.png  # from a gpu_train.sh tgz
 
 Losses are the training means Ultralytics prints at the end of each epoch's progress bar; mAP50 and mAP50-95 are
 the validation figures train.py prints per epoch.

@@ -337,7 +337,7 @@ def test_fwd_ahead_rule():
 
 
 def test_bwd_pairs_ahead_rule():
-    """The rows a head adds to loaded early at every size, its inputs at their use (session 31: one head ahead was
+    """The rows a head adds to loaded early at every size, its inputs at their use (on an H100 one head ahead was
     slower at 32 x 32 too); forced values are taken as they are, and only 0-3."""
     rule = triton_op.bwd_pairs_ahead
     assert rule() == 2

@@ -20,7 +20,7 @@ def auto_picks_triton(headdim: int, dstate: int, dtype: torch.dtype) -> bool:
 
 # The mixers (BiMamba2, Hydra) run the Triton kernels in bf16 when their inputs are fp16 (fp16 AMP, Ultralytics'
 # default amp=True) on a GPU with bf16 tensor cores: the kernels' fp16 path needs tf32x3 state dots and fp32 buffers and
-# takes 1.5-1.8x the GPU time of the bf16 path (benchmarks/results/README.md). "fp16" keeps fp16 scans.
+# takes 1.5-1.8x the GPU time of the bf16 path (docs/design.md). "fp16" keeps fp16 scans.
 FP16_SCAN = os.environ.get("YOLO_BIMAMBA_FP16_SCAN", "bf16").strip().lower()
 if FP16_SCAN not in ("bf16", "fp16"):
     raise ValueError(f"YOLO_BIMAMBA_FP16_SCAN must be 'bf16' or 'fp16', got {FP16_SCAN!r}")

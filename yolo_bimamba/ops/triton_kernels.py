@@ -106,7 +106,7 @@ BWD_CONFIGS = [
     # BLOCK_Q = 128 needs > 227 KB of shared memory at headdim = d_state = 64 on sm_90; (64, 8 warps) was the
     # slowest on an H200 at every benchmarked shape and is not offered. Two pipeline stages (loads of the next chunk
     # issued during this one): 12 % faster than one at headdim = d_state = 32 on an H200, 26 % slower at 64; three
-    # stages and BLOCK_Q 16 (still 255 registers, sm_90 compile) were slower (benchmarks/results, eighth session)
+    # stages and BLOCK_Q 16 (still 255 registers, sm_90 compile) were slower
     for bq, nw, ns in [
         (32, 4, 1),
         (32, 8, 1),
@@ -119,7 +119,7 @@ BWD_CONFIGS = [
 # the in-chunk pairs kernels (one chunk per program): warps only, BLOCK_Q is the segment kernel's (the same chunks).
 # The backward's in chunks of 32 rows: 2 warps were the fastest on an H200 at every profiled shape (b32 L1600 h8 p32
 # n32: 0.188 ms, 4 warps 0.310, 8 warps 0.826; b16 L1600 h8 p64 n64: 0.159 / 0.176 / 0.238:
-# benchmarks/results/session10); in chunks of 64, and the forward's, see triton_op.DEFAULT_PAIRS_Q64 and DEFAULT_CONFIGS
+# on an H200); in chunks of 64, and the forward's, see triton_op.DEFAULT_PAIRS_Q64 and DEFAULT_CONFIGS
 PAIRS_CONFIGS = [triton.Config({}, num_warps=nw) for nw in (2, 4, 8)]
 
 
@@ -610,7 +610,7 @@ def _bi_ssd_fwd_pairs_kernel(
     the same chunks) wrote with the pairs across chunks and D x. One program per (batch * group * block of HEADS heads
     of the group, block of headdim, chunk):
       GROUPED=False (HEADS = 1): the head's x, dt, B, C loaded together, then the products (y loaded with them was
-        slower on an H200: 0.060 against 0.054 ms at b16 L1600 h8 p64 n64, one direction; benchmarks/results/session26);
+        slower on an H200: 0.060 against 0.054 ms at b16 L1600 h8 p64 n64, one direction);
       GROUPED=True: C B^T, the same for every head of a group, computed once; the program walks its heads, loading
         each head's x, y and dt one head ahead of their use (the first head's with B and C), so that no load waits on
         the product before it. Its registers (255 on sm_90 at 64 x 64 tiles, against 168) cost more than the products
@@ -1387,7 +1387,7 @@ def _store_group_sums(oB_ptrs, oC_ptrs, B_ptrs, C_ptrs, pB_ptrs, pC_ptrs, n_part
 def _parts_sum(ptrs, n_parts, stride, mask, COMPUTE: tl.constexpr):
     """sum_j ptrs[j * stride] (j < n_parts, at least 1) in fp32, added in order, in the layout the rows are loaded in:
     added to the product of another layout, each part cost a trip through shared memory, one after the other (a
-    fifth of the pairs kernel's stall samples on an H200, benchmarks/results/session27); two parts' loads are issued
+    fifth of the pairs kernel's stall samples on an H200, Nsight Compute); two parts' loads are issued
     together."""
     acc = tl.load(ptrs, mask=mask, other=0.0).to(COMPUTE)
     for j in range(1, n_parts, 2):

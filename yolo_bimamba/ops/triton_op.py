@@ -41,7 +41,7 @@ _forced = {"fwd": None, "bwd": None, "state": None, "pairs": None, "seg": None, 
 # two launches, except in BiMamba2 mode (SHARE) with headdim and d_state <= 64, where the one launch reuses the causal
 # direction's loads for the anti-causal one. Since the in-chunk pairs have their own kernel, one launch was faster on
 # an H200 at every detection shape (b32 L1600 h8 p32 n32: 1.296 vs 1.453 ms per fwd+bwd; b16 L1600 h8 p64 n64: 1.127
-# vs 1.200), two at the LM shape, p64 n128 (16.1 vs 21.5 ms): benchmarks/results/session10/sweep-cfg-split-*.txt.
+# vs 1.200), two at the LM shape, p64 n128 (16.1 vs 21.5 ms).
 # "1" / "0": always / never.
 _SPLIT_DIRECTIONS = os.environ.get("YOLO_BIMAMBA_SPLIT_DIRECTIONS", "auto").strip().lower()
 _OFF = ("", "0", "false", "no")  # what the two switches above and below read as "no"
@@ -50,12 +50,12 @@ _OFF = ("", "0", "false", "no")  # what the two switches above and below read as
 # per-head rows were the whole excess of the op's peak memory over 1.1x its I/O (benchmarks/memory_account.py). On an
 # H200 (bf16, YOLO_BIMAMBA_AUTOTUNE=0) the ordered rows took fwd+bwd peak memory / I/O from 1.37 to 1.02 at b16 L1600 h8
 # p64 n64 and from 1.74 to 0.87 at the LM shape, for 15 % and 13 % more GPU time (1.078 vs 0.938 ms, 15.37 vs
-# 13.63 ms; benchmarks/results/session20/kernels-h200-s20-ordered*.md), 8 % more at the detection layers' b32 L1600 h8
+# 13.63 ms; on the current kernels see benchmarks/README.md), 8 % more at the detection layers' b32 L1600 h8
 # p32 n32 (1.288 vs 1.191 ms, ordinary launches). "0" (default): per-head rows, the faster; "1": ordered group rows
 _ORDERED_ROWS = os.environ.get("YOLO_BIMAMBA_ORDERED_ROWS", "0").strip().lower() not in _OFF
 # segment-parallel kernels: aim for about this many backward programs per streaming multiprocessor. 2 was faster than
 # 4 and 8 on an H200 at every shape of benchmarks/profile_gpu.py (fewer segments: a shorter state-kernel walk and fewer
-# boundary states), e.g. b16 L1600 h8 fwd+bwd 1.89 / 2.12 / 2.04 ms GPU time (benchmarks/results/prof-*.json)
+# boundary states), e.g. b16 L1600 h8 fwd+bwd 1.89 / 2.12 / 2.04 ms GPU time (profile_gpu.py kernels --pps)
 _PROGRAMS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_PROGRAMS_PER_SM", "2"))
 # the forward's in-chunk pairs kernel: at least this many programs per SM before it walks more than one head per
 # program (fwd_pairs_heads)
@@ -65,18 +65,18 @@ _AUTOTUNE = os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1") not in ("", "0")
 # ("pairs" is the backward's in-chunk pairs kernel, "fwd_pairs" the forward's, which force_config(pairs=) forces too;
 # the forward's runs 2 warps at every chunk size: in chunks of 64 on an H200, bf16, its CUDA time over three rounds,
 # 0.050 ms against 0.058-0.060 with 4 warps at b16 L1600 h8 p64 n64, 0.56-0.57 against 0.57-0.58 at the LM shape and
-# 0.33 against 0.45 there with one direction; benchmarks/results/session28)
+# 0.33 against 0.45 there with one direction)
 DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 3, "pairs": 0, "fwd_pairs": 0}
 # ... except the backward at headdim and d_state <= 32 (the detection models' shapes): there the two-stage config was
-# 7-10 % faster than config 0 on an H200 (benchmarks/results/session9/dedup-prof-f9c7dcb.json); at 64 it was 26 % slower
+# 7-10 % faster than config 0 on an H200; at 64 it was 26 % slower
 DEFAULT_BWD_SMALL = 3
 # ... and the forward's state terms there: (BLOCK_Q 64, BLOCK_P 32) was faster than (64, 64) with its in-chunk pairs
 # kernel on an H200 (b32 L1600 h8 p32 n32: 1.153 vs 1.182 ms per fwd+bwd; b32 L400 h16: 0.578 vs 0.595;
-# benchmarks/results/session10/ab5-B-fwd-cfgs.json)
+# profile_gpu.py kernels --fwd-cfgs)
 DEFAULT_FWD_SMALL = 1
 # the backward's in-chunk pairs kernel in chunks of 64 rows (backward configs with BLOCK_Q 64): 4 warps
-# (PAIRS_CONFIGS[1]); on an H200 (bf16, the processed dt read as it is; benchmarks/results/session28) 0.182 ms at b16
-# L1600 h8 p64 n64 against 0.331 with 2 warps, and 0.295 against 0.424 at b32 L1600 h8 p32 n32 (where session 11's
+# (PAIRS_CONFIGS[1]); on an H200 (bf16, the processed dt read as it is) 0.182 ms at b16
+# L1600 h8 p64 n64 against 0.331 with 2 warps, and 0.295 against 0.424 at b32 L1600 h8 p32 n32 (where an earlier
 # kernel had been faster with 2)
 DEFAULT_PAIRS_Q64 = 1
 
@@ -211,7 +211,7 @@ def fwd_pairs_heads(b, g, heads_per_group, tiles, n, device) -> int:
     the larger product, at d_state (``n``) 128 and up: on an H200 (bf16, both directions) the kernel took 0.69 ms
     instead of 1.06 at the LM shape (b8 L8192 h32 p64 n128, 32 heads per program), but 0.087 instead of 0.074 at
     b16 L1600 h8 p64 n64 (its registers), and 0.088-0.098 against 0.093 at b32 L1600 h8 p32 n32
-    (benchmarks/results/session25). There, the whole group where that leaves at least ``_FWD_PAIRS_PER_SM`` programs
+    (that kernel's CUDA time). There, the whole group where that leaves at least ``_FWD_PAIRS_PER_SM`` programs
     per SM, fewer heads (the group cut into equal blocks) where it does not; one head below d_state 128."""
     if _forced["fwd_heads"] is not None:
         return max(1, min(_forced["fwd_heads"], heads_per_group))
@@ -227,10 +227,10 @@ def bwd_pairs_ahead() -> int:
     products (2), at every headdim and d_state; its inputs one head ahead (1) are not loaded. On
     an H200 (bf16, both directions, the pairs kernel's CUDA time, two rounds): 2 took b16 L1600 h8 p64 n64 from 0.162
     to 0.148 ms and the LM shape (p64 n128) from 1.289 to 1.185, where 3 took 0.165 and 1.26 (the tiles held a head
-    ahead spill on sm_90: 640 bytes of stack against 192; benchmarks/results/session26). At b32 L1600 h8 p32 n32, 3
-    had been the faster before the processed dt was computed once (session 26); since, 2 is: 0.136 / 0.134 against
-    0.140 / 0.139 ms on an H200 (session 28), 0.136 / 0.137 against 0.141 / 0.141 on an H100, and 0.112 / 0.113
-    against 0.120 / 0.120 in one direction (benchmarks/results/session31)."""
+    ahead spill on sm_90: 640 bytes of stack against 192). At b32 L1600 h8 p32 n32, 3
+    had been the faster before the processed dt was computed once; since, 2 is: 0.136 / 0.134 against
+    0.140 / 0.139 ms on an H200, 0.136 / 0.137 against 0.141 / 0.141 on an H100, and 0.112 / 0.113
+    against 0.120 / 0.120 in one direction."""
     forced = _forced["pairs_ahead"]
     if forced is not None:
         return forced
@@ -240,8 +240,8 @@ def bwd_pairs_ahead() -> int:
 def bwd_ahead_bits(p, n) -> int:
     """The backward segment kernel's AHEAD bits (its docstring: which of a chunk's inputs besides dt are loaded one
     chunk ahead; 1 B and C, 2 dz, 4 x) at headdim ``p`` and d_state ``n``: all of them (7) where headdim x d_state tiles
-    are at most 32 x 32 (triton_kernels.AHEAD_MAX_TILE; session 11), B, C and dz (3) up to 64 x 64, dz alone (2) above.
-    On an H200 (bf16, that kernel's CUDA time, default configs; benchmarks/results/session27), against dt alone (0):
+    are at most 32 x 32 (triton_kernels.AHEAD_MAX_TILE), B, C and dz (3) up to 64 x 64, dz alone (2) above.
+    On an H200 (bf16, that kernel's CUDA time, default configs), against dt alone (0):
     at b16 L1600 h8 p64 n64 3 took it from 0.435 to 0.422 ms (both directions in one launch) and from 0.240 to 0.203
     (one direction), where 2 took 0.428 / 0.220 and 7 0.453 / 0.218; at the LM shape (p64 n128, one launch per
     direction) 2 took it from 6.95 to 6.85 ms, where 3 took 7.50 and 7 7.69 (the tiles held ahead spill)."""
@@ -255,7 +255,7 @@ def bwd_ahead_bits(p, n) -> int:
 def fwd_ahead_bits(p, n) -> int:
     """The forward kernel's AHEAD bits (its docstring: 1, a chunk's dt, x, C one chunk ahead; 2, the anti-causal pass
     reads y before the chunk's products) at headdim ``p`` and d_state ``n``: both up to d_state 64, neither above. On
-    an H200 (bf16, both directions, that kernel's CUDA time, two rounds; benchmarks/results/session26): 3 took it from
+    an H200 (bf16, both directions, that kernel's CUDA time, two rounds): 3 took it from
     0.110 to 0.106 ms at b16 L1600 h8 p64 n64 and from 0.136 to 0.124 at b32 L1600 h8 p32 n32; at the LM shape (d_state
     128) bit 1 took 1.59 to 1.89 ms (the tiles held a chunk ahead spill: 560 bytes of stack on sm_90 against 264) and
     bit 2 alone changed nothing (1.604)."""
@@ -280,7 +280,7 @@ def segment_rows(b, h, L, device) -> int:
 # autotuner's own (its key names are among the keyword arguments; it adds every argument's dtype), so a later call
 # launches the config the autotuner would pick, without going through triton's Autotuner.run, which cost about 0.08 ms
 # of host time per launch on the H200 machine, a sixth of the op's host time at a detection model's shape
-# (benchmarks/results/profile/host-*.json); the op is host-bound there. Every launch then goes through ops.launch,
+# (profile_gpu.py host); the op is host-bound there. Every launch then goes through ops.launch,
 # which also skips Triton's JITFunction.run once a specialisation is compiled
 _chosen: dict = {}
 _CHOSEN_MAX = 4096
@@ -348,7 +348,7 @@ def _dot_precisions(x):
     if x.dtype == torch.float16:
         # fp16 values are not bf16 values (no exact operand for a bf16 split): tf32x3 state dots, the rest in tf32
         # (exact on two fp16 inputs), the in-chunk products too, as for fp32 inputs (tf32x3 there was 1.5 % slower on
-        # an H200; fp16 tensor-core dots of two inputs 1 % slower than tf32: benchmarks/results/session12/). No bf16
+        # an H200; fp16 tensor-core dots of two inputs 1 % slower than tf32). No bf16
         # dots: next to tf32 ones in this kernel they hit an illegal memory access on an H200 (Triton 3.6) while
         # autotuning fp16 AMP training. fp16 inputs take 1.5-1.8x the GPU time of bf16 ones (the state dots)
         return dict(DOT_ST="tf32x3", DOT_RD="tf32x3", DOT_MID="tf32", DOT_IN="tf32", DOT_LO="tf32")
