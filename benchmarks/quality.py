@@ -454,7 +454,7 @@ def parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("run", help="train + validate the grid, measure speed, write JSON / table / plot")
     rp.add_argument("--grid", help="YAML file with grid keys (as the flags, with underscores)")
     rp.add_argument("--data-dir", type=Path, default=ROOT / ".quality-data")
-    rp.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quality")
+    rp.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "quality")
     rp.add_argument("--merge", type=Path, help="quality.json of an earlier call: its entries are kept")
     rp.add_argument("--runs-dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "ybm-quality-runs")
     rp.add_argument("--mode", choices=["scratch", "finetune"])
@@ -480,7 +480,7 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--rerun", action="store_true", help="redo runs already in the JSON")
     rp.add_argument("--retry-failed", action="store_true", help="redo runs that failed (kept as failed otherwise)")
     rep = sub.add_parser("report", help="rewrite OUT/quality.md and OUT/quality.png from OUT/quality.json")
-    rep.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quality")
+    rep.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "quality")
     wp = sub.add_parser("_worker")
     wp.add_argument("spec")
     return ap
