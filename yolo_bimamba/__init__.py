@@ -1,9 +1,10 @@
 """yolo-bimamba: bidirectional Mamba2 (Bi-Mamba2 / Hydra) blocks for Ultralytics YOLO, on fused Triton kernels.
 
-``import yolo_bimamba`` registers the blocks, YAML names, the default dataset, the offline fixes and the
-training guard with Ultralytics (see :mod:`yolo_bimamba.ultralytics_glue`).
+``import yolo_bimamba`` registers the blocks, YAML names, the default dataset, the offline fallbacks (active only
+while Ultralytics is offline) and the training guard (active only for models with our blocks, or ``nan_guard=True``)
+with Ultralytics (see :mod:`yolo_bimamba.ultralytics_glue`). It changes no environment variable or Ultralytics setting.
 """
-from .ultralytics_glue import register  # first: sets the offline defaults before anything imports Ultralytics
+from .ultralytics_glue import register
 from .nn import BiMamba2, BiMambaLayer2D, C2fBiMamba, C2fHydra, Hydra, HydraLayer2D  # noqa: E402
 from .ops import bi_ssd, bi_ssd_reference  # noqa: E402
 from .swap import swap_hydra  # noqa: E402

@@ -1,4 +1,4 @@
-"""Non-finite step guard for Ultralytics training (issue 5).
+"""Non-finite step guard for Ultralytics training.
 
 Why: in Ultralytics' trainer one NaN/Inf gradient poisons the whole model and its EMA in a single step
 (``clip_grad_norm_`` turns the clip coefficient into NaN), and ``save_model`` then writes a checkpoint in which
@@ -6,9 +6,12 @@ Why: in Ultralytics' trainer one NaN/Inf gradient poisons the whole model and it
 skipping such steps; fp32 and bf16 have no such protection.
 
 ``install()`` (idempotent; ``yolo_bimamba.ultralytics_glue.register()`` calls it, and ``import yolo_bimamba`` calls
-that) makes the guard active for EVERY Ultralytics trainer created in a process where ``yolo_bimamba`` is imported -
-models with our blocks and stock models alike. ``nan_guard=False`` switches it off, after which training is exactly
-Ultralytics' (the original methods run; only a non-default ``clip_max_norm`` is honoured). ``uninstall()`` undoes it.
+that) registers the guard's training arguments and patches ``BaseTrainer``. The guard is then active for trainers
+whose model contains a module of this package (our blocks) and for any model trained with ``nan_guard=True``; with
+``nan_guard`` unset a stock model trains exactly as in Ultralytics alone (the original methods run, and the guard's
+keys are dropped from its arguments at ``on_train_start``, so args.yaml and the checkpoints' ``train_args`` are
+Ultralytics' own). ``nan_guard=False`` switches it off for any model, after which training is exactly Ultralytics'
+(only a non-default ``clip_max_norm`` is honoured). ``uninstall()`` undoes ``install()``.
 Patched: ``BaseTrainer.__init__`` (adds the guard's callbacks and ``trainer.guard``), ``check_resume`` (the guard's
 switches may change when resuming), ``optimizer_step``, ``save_model``, ``save_metrics``, ``_handle_nan_recovery``,
 and ``ultralytics.utils.dist.generate_ddp_file`` (DDP workers install the guard before validating the parent's args;
@@ -16,7 +19,7 @@ in 8.4 unpickling the guard's callbacks does it as well).
 
 New training arguments (CLI ``yolo train ... key=value``, cfg YAML, ``model.train(key=value)``):
 
-* ``nan_guard`` (bool, default True): the guard below.
+* ``nan_guard`` (bool, default unset = on for models with our blocks, off for stock models): the guard below.
 * ``nan_guard_max_skips`` (int >= 0, default 25): stop with a RuntimeError after this many CONSECUTIVE skipped
   optimizer steps; 0 never stops.
 * ``clip_max_norm`` (float >= 0, default 10.0 = Ultralytics' hard-coded value): gradient clipping max-norm;
@@ -83,6 +86,7 @@ from .state import (  # noqa: F401
     GuardState,
     clip_value,
     enabled,
+    has_our_modules,
     max_skips,
     state,
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from pathlib import Path
 
 import torch
 
@@ -127,7 +128,6 @@ def _patch_ddp_file() -> None:
     orig = getattr(udist, "generate_ddp_file", None)
     if orig is None or getattr(orig, _MARK, False):
         return
-    from pathlib import Path
 
     def generate_ddp_file(trainer):
         file = orig(trainer)
@@ -299,7 +299,35 @@ def attach(trainer) -> None:
     return st
 
 
+def _drop_unused_keys(trainer) -> None:
+    """A stock model with the guard's keys all unset trains as in Ultralytics alone: the keys leave its arguments, and
+    args.yaml (written by ``BaseTrainer.__init__`` before the model existed) is written again without them, so the run's
+    files and checkpoints (``train_args``) hold Ultralytics' keys only."""
+    args = trainer.args
+    if enabled(trainer) or any(getattr(args, k, v) != v for k, v in GUARD_DEFAULTS.items()):
+        return
+    present = [k for k in GUARD_DEFAULTS if k in vars(args)]
+    if not present:
+        return
+    for k in present:
+        delattr(args, k)
+    from ultralytics.utils import RANK
+
+    path = getattr(trainer, "save_dir", None)
+    path = None if path is None else Path(path) / "args.yaml"
+    if RANK in {-1, 0} and path is not None and path.is_file():
+        try:
+            from ultralytics.utils import YAML
+
+            YAML.save(path, vars(args))
+        except ImportError:  # Ultralytics 8.3
+            from ultralytics.utils import yaml_save
+
+            yaml_save(path, vars(args))
+
+
 def _on_train_start(trainer):
+    _drop_unused_keys(trainer)
     st = state(trainer)
     st.need_snapshot = True
     if getattr(trainer.args, "resume", False):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 from torch import nn
 
-GUARD_DEFAULTS = {"nan_guard": True, "nan_guard_max_skips": 25, "clip_max_norm": 10.0, "nan_debug": False}
+#: nan_guard None (the default) = on for models that contain our blocks, off for stock models (see enabled)
+GUARD_DEFAULTS = {"nan_guard": None, "nan_guard_max_skips": 25, "clip_max_norm": 10.0, "nan_debug": False}
 CSV_SKIPPED, CSV_SKIPPED_TOTAL = "guard/skipped", "guard/skipped_total"
 ULTRALYTICS_CLIP = 10.0  # the max_norm Ultralytics hard-codes in BaseTrainer.optimizer_step
 
@@ -41,7 +43,27 @@ class GuardState:
 
 # ------------------------------------------------------------------------------------------------ switches
 def enabled(trainer) -> bool:
-    return bool(getattr(trainer.args, "nan_guard", True))
+    """``nan_guard`` as set (True/False); unset (None): whether the trainer's model contains a module of this package,
+    so that a stock model trains exactly as in Ultralytics unless ``nan_guard=True`` is asked for."""
+    v = getattr(trainer.args, "nan_guard", None)
+    if v is not None:
+        return bool(v)
+    return has_our_modules(getattr(trainer, "model", None))
+
+
+_OURS = weakref.WeakKeyDictionary()  # model -> whether it holds a module of this package (asked at every step)
+
+
+def has_our_modules(model) -> bool:
+    """True if any submodule's class is defined in the ``yolo_bimamba`` package (our blocks, mixers, swapped layers)."""
+    model = _unwrap(model)
+    if not isinstance(model, nn.Module):
+        return False
+    found = _OURS.get(model)
+    if found is None:
+        found = any(type(m).__module__.split(".")[0] == "yolo_bimamba" for m in model.modules())
+        _OURS[model] = found
+    return found
 
 
 def clip_value(trainer) -> float:
