@@ -1,6 +1,6 @@
 """Importing yolo_bimamba (directly, after Ultralytics, or through the autoload hook) changes no environment variable,
-no Ultralytics setting or online flag and writes no file; it adds only the guard's config keys. The offline
-fallbacks act only while Ultralytics is offline.
+no Ultralytics setting or online flag and writes no file; it adds only the guard's config keys and our module classes
+to torch's weights_only allow-list. The offline fallbacks act only while Ultralytics is offline.
 
 Each import order runs in a fresh process without YOLO_OFFLINE and with an empty Ultralytics config dir.
 """
@@ -18,6 +18,7 @@ import pytest
 import yolo_bimamba  # noqa: F401
 from yolo_bimamba import guard
 from yolo_bimamba import ultralytics_glue as glue
+from yolo_bimamba.safe_load import safe_globals
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,6 +88,10 @@ def test_import_after_ultralytics_changes_nothing_but_registrations(probes):
     assert after["files"] == before["files"]  # no font or other file written into Ultralytics' config dir
     assert set(after["cfg_keys"]) - set(before["cfg_keys"]) == set(guard.GUARD_DEFAULTS)
     assert set(before["cfg_keys"]) <= set(after["cfg_keys"])
+    ours = {f"{c.__module__}.{c.__qualname__}" for c in safe_globals()}
+    added = set(after["safe"]) - set(before["safe"])
+    # torch registers its own classes when submodules we import load (torch.distributed.tensor, torch._dynamo, ...)
+    assert {g for g in added if not g.startswith("torch.")} == ours and set(before["safe"]) <= set(after["safe"])
 
 
 @pytest.mark.parametrize("order", ["package-first", "autoload"])
@@ -98,7 +103,7 @@ def test_other_import_orders_leave_the_same_state(probes, order):
     assert "YOLO_OFFLINE" not in after["environ"]
     assert after["environ"] == ref["environ"]  # e.g. YOLO_OFFLINE is not set before Ultralytics reads it
     assert after["settings"] == ref["settings"] and after["online"] == ref["online"]
-    assert after["files"] == ref["files"] and after["cfg_keys"] == ref["cfg_keys"]
+    assert after["files"] == ref["files"] and after["cfg_keys"] == ref["cfg_keys"] and after["safe"] == ref["safe"]
 
 
 def test_offline_font_fallback_only_when_offline(tmp_path, monkeypatch):

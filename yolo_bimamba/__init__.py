@@ -2,11 +2,13 @@
 
 ``import yolo_bimamba`` registers the blocks, YAML names, the default dataset, the offline fallbacks (active only
 while Ultralytics is offline) and the training guard (active only for models with our blocks, or ``nan_guard=True``)
-with Ultralytics (see :mod:`yolo_bimamba.ultralytics_glue`). It changes no environment variable or Ultralytics setting.
+with Ultralytics (see :mod:`yolo_bimamba.ultralytics_glue`), and puts our module classes on torch's ``weights_only``
+allow-list (:mod:`yolo_bimamba.safe_load`). It changes no environment variable or Ultralytics setting.
 """
 from .ultralytics_glue import register
 from .nn import BiMamba2, BiMambaLayer2D, C2fBiMamba, C2fHydra, Hydra, HydraLayer2D  # noqa: E402
 from .ops import bi_ssd, bi_ssd_reference  # noqa: E402
+from .safe_load import register_safe_globals  # noqa: E402
 from .swap import swap_hydra  # noqa: E402
 
 __version__ = "0.1.0"
@@ -16,3 +18,4 @@ __all__ = [
 ]
 
 register()
+register_safe_globals()
