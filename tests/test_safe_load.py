@@ -19,7 +19,7 @@ import torch
 
 import yolo_bimamba  # noqa: F401  (registers the blocks and the safe globals)
 from yolo_bimamba import guard
-from yolo_bimamba.safe_load import safe_globals, unpickling_hooks
+from yolo_bimamba.safe_load import module_classes, safe_globals, unpickling_hooks
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_YAML = """\
@@ -104,6 +104,7 @@ def test_safe_globals_are_our_module_classes_only(ckpts):
                                                       "HydraLayer2D", "C2fHydra", "RMSNormGated"}
     assert all(n.startswith("yolo_bimamba.nn.") and issubclass(c, torch.nn.Module) for n, c in zip(names, classes))
     assert {c: unpickling_hooks(c) for c in classes if unpickling_hooks(c)} == {}  # unpickling runs nn.Module's code
+    assert classes == module_classes()  # none of our module classes is left off
     assert set(classes) <= set(torch.serialization.get_safe_globals())
     # everything of ours a real checkpoint names is on the list
     ours = {n for n in _pickled_globals(ckpts["best"]) if n.startswith("yolo_bimamba.")}
