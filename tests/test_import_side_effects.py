@@ -65,10 +65,11 @@ def probes(tmp_path_factory):
     out = {}
     for order in ("ultralytics-first", "package-first", "autoload"):
         cfg = tmp_path_factory.mktemp(f"cfg-{order}")
+        # an installed .pth hook is active only in the "autoload" probe
+        hook = "1" if order == "autoload" else "0"
         r = subprocess.run([sys.executable, "-c", _PROBE, order, str(REPO / "yolo_bimamba" / "_autoload.py")],
-                           env={**env, "YOLO_CONFIG_DIR": str(cfg),  # an installed .pth hook only in "autoload"
-                                "YOLO_BIMAMBA_AUTOLOAD": "1" if order == "autoload" else "0"}, cwd=cfg, capture_output=True, text=True,
-                           timeout=300)
+                           env={**env, "YOLO_CONFIG_DIR": str(cfg), "YOLO_BIMAMBA_AUTOLOAD": hook}, cwd=cfg,
+                           capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")][-1]
         res = json.loads(line[len("RESULT"):])

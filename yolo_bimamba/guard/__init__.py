@@ -75,10 +75,9 @@ Supported: Ultralytics 8.4 (read against 8.4.190) and the 8.3 line (tests pass w
 items as one tensor, on_model_save fired even when nothing was saved, a DDP script without pickled callbacks).
 """
 
-from .batchnorm import _restore_bn, _snapshot_bn  # noqa: F401
-from .hooks import _CALLBACKS, attach, install, is_installed, uninstall  # noqa: F401
-from .report import checkpoint_problems, first_nonfinite_grad, nonfinite_state  # noqa: F401
-from .state import (  # noqa: F401
+from .hooks import _CALLBACKS, attach, install, is_installed, uninstall
+from .report import checkpoint_problems, first_nonfinite_grad, nonfinite_state
+from .state import (
     CSV_SKIPPED,
     CSV_SKIPPED_TOTAL,
     GUARD_DEFAULTS,
@@ -90,4 +89,11 @@ from .state import (  # noqa: F401
     max_skips,
     state,
 )
-from .step import any_rank, clip_with_norm, total_grad_norm  # noqa: F401
+from .step import any_rank, clip_with_norm, total_grad_norm
+
+__all__ = [
+    "install", "uninstall", "is_installed", "attach", "enabled", "has_our_modules", "state", "clip_value", "max_skips",
+    "GuardState", "GUARD_DEFAULTS", "CSV_SKIPPED", "CSV_SKIPPED_TOTAL", "ULTRALYTICS_CLIP", "total_grad_norm",
+    "clip_with_norm", "any_rank", "first_nonfinite_grad", "nonfinite_state", "checkpoint_problems",
+    "_CALLBACKS",
+]
