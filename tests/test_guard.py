@@ -88,8 +88,9 @@ BASE = dict(epochs=2, imgsz=64, batch=2, nbs=2, workers=0, plots=False, device="
 class Run:
     """Injection schedule + per-batch records of one training run."""
 
-    def __init__(self, inject=(), interrupt_at_epoch=None):
+    def __init__(self, inject=(), interrupt_at_epoch=None, param=PARAM):
         self.inject = {(e, b): kind for e, b, kind in inject}
+        self.param = param
         self.interrupt_at_epoch = interrupt_at_epoch
         self.batch = -1
         self.records = {}  # (epoch, batch) -> dict
@@ -127,7 +128,7 @@ class Run:
 
             handle = layer.register_forward_hook(fwd, prepend=True)
         else:
-            param = dict(model.named_parameters())[PARAM]
+            param = dict(model.named_parameters())[self.param]
             value = float("nan") if kind == "nan" else float("inf")
 
             def grad(g):
@@ -300,7 +301,8 @@ def test_nan_grad_and_forward_nan_then_resume(env):
     yolo = run2.attach(YOLO(str(tr.last)))
     yolo.train(resume=True, nan_debug=True)  # the guard's switches may change on resume
     tr2 = yolo.trainer
-    assert tr2.start_epoch == 2 and tr2.args.nan_guard is True and tr2.args.nan_debug is True
+    # nan_guard unset (None): on, since the model holds our block
+    assert tr2.start_epoch == 2 and tr2.args.nan_guard is None and guard.enabled(tr2) and tr2.args.nan_debug is True
     assert tr2.guard.debug_backward == f"parameter '{PARAM}'"
     assert sorted(run2.records) == [(2, 0), (2, 1), (2, 2)]
     assert all(r["model_finite"] and r["ema_finite"] for r in run2.records.values())
@@ -395,6 +397,63 @@ def test_guard_off_and_fault_free_guard_match_ultralytics_exactly(env):
         assert all(torch.equal(ref_sd[k], sd[k]) for k in ref_sd)
         esd, rsd = other.ema.ema.state_dict(), ref.ema.ema.state_dict()
         assert all(torch.equal(rsd[k], esd[k]) for k in rsd)
+
+
+STOCK_PARAM = "model.4.cv1.conv.weight"  # the same layer index as our block in TINY_YAML, here a stock C2f
+
+
+def _stock_model(env):
+    path = env.root / "tiny-stock.yaml"
+    path.write_text(TINY_YAML.replace("C2fBiMamba, [32, True, 1, 0.5, {d_state: 8, headdim: 8, chunk_size: 16}]",
+                                      "C2f, [32, True]"))
+    return str(path)
+
+
+def _saved_args(trainer):
+    from ultralytics.utils import YAML
+
+    ck = torch.load(trainer.last, map_location="cpu", weights_only=False)
+    return YAML.load(Path(trainer.save_dir) / "args.yaml"), ck["train_args"]
+
+
+def test_stock_model_without_nan_guard_trains_exactly_as_ultralytics(env):
+    """A model without our blocks and nan_guard unset: the same weights, EMA, results.csv columns and args.yaml keys
+    as Ultralytics with the guard uninstalled; the guard takes no step. (The final, stripped last.pt lists every
+    registered default key, so there the guard's keys appear at their defaults: Ultralytics' strip_optimizer fills
+    them from DEFAULT_CFG_DICT, and its loaders ignore them.)"""
+    from ultralytics.engine.trainer import BaseTrainer
+
+    stock = _stock_model(env)
+    guard.uninstall()
+    try:
+        assert not getattr(BaseTrainer.optimizer_step, "_yolo_bimamba_guard", False)
+        ref, _ = train(env, "stock_ref", model=stock, epochs=1)
+    finally:
+        guard.install()
+    assert getattr(BaseTrainer.optimizer_step, "_yolo_bimamba_guard", False)
+    tr, _ = train(env, "stock_default", model=stock, epochs=1)
+    assert not guard.enabled(tr) and tr.guard.steps == 0 and tr.guard.skipped == 0
+    assert all(k not in vars(tr.args) for k in guard.GUARD_DEFAULTS)
+    for a, b in ((ref.model.state_dict(), tr.model.state_dict()), (ref.ema.ema.state_dict(), tr.ema.ema.state_dict())):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert list(read_csv(ref)[0]) == list(read_csv(tr)[0])  # no guard columns
+    (ref_yaml, ref_ck), (yaml_args, ck_args) = _saved_args(ref), _saved_args(tr)
+    assert set(yaml_args) == set(ref_yaml) and not set(guard.GUARD_DEFAULTS) & set(yaml_args)
+    assert {k: v for k, v in ck_args.items() if k not in ref_ck} == guard.GUARD_DEFAULTS
+
+
+def test_stock_model_with_nan_guard_true_and_ours_by_default_are_guarded(env):
+    """nan_guard=True opts a stock model in; a model with our blocks is guarded with nan_guard unset. A NaN gradient
+    is skipped in both, weights and EMA stay finite, results.csv has the guard's columns."""
+    run = Run(inject=[(0, 1, "nan")], param=STOCK_PARAM)
+    tr, run = train(env, "stock_on", run, model=_stock_model(env), epochs=1, nan_guard=True)
+    assert tr.args.nan_guard is True and guard.enabled(tr)
+    ours, run_ours = train(env, "ours_default", Run(inject=[(0, 1, "nan")]), epochs=1)
+    assert ours.args.nan_guard is None and guard.enabled(ours) and guard.has_our_modules(ours.model)
+    for t, r in ((tr, run), (ours, run_ours)):
+        assert t.guard.steps == 3 and t.guard.skipped == 1
+        assert all(x["model_finite"] and x["ema_finite"] for x in r.records.values())
+        assert guard.CSV_SKIPPED in read_csv(t)[0]
 
 
 # ---------------------------------------------------------------------------------------------- max skips, debug
@@ -554,7 +613,8 @@ def worker(rank, world, init, out):
     ddp = torch.nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     ema = ModelEMA(ddp)
-    t = SimpleNamespace(args=SimpleNamespace(**guard.GUARD_DEFAULTS), model=ddp, optimizer=opt, ema=ema,
+    args = SimpleNamespace(**dict(guard.GUARD_DEFAULTS, nan_guard=True))  # a stock model: the guard is opted in
+    t = SimpleNamespace(args=args, model=ddp, optimizer=opt, ema=ema,
                         scaler=torch.amp.GradScaler("cpu", enabled=False), device=torch.device("cpu"), epoch=0)
     x = torch.randn(8, 4) + rank
     w0 = [p.detach().clone() for p in net.parameters()]

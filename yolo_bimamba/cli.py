@@ -4,6 +4,8 @@
     yolo-bimamba val|predict|export ...            (anything the stock `yolo` command accepts)
     yolo-bimamba swap-hydra IN.pt OUT.pt [--target hydra|bimamba2]
     yolo-bimamba build-data [key=value ...]        (build the default digits dataset, print its data YAML)
+
+Offline by default: unless YOLO_OFFLINE is set (YOLO_OFFLINE=0 to go online), this command sets it to true.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main(argv: list[str] | None = None):
 
     from . import ultralytics_glue
 
+    ultralytics_glue.default_offline()
     ultralytics_glue.register()
     from ultralytics.cfg import entrypoint
 

@@ -20,38 +20,33 @@
   through Ultralytics' scale-letter stripping -, ``digits.yaml``, ...) resolve from any directory, and so that a
   dataset descriptor YAML (``yolo_bimamba_dataset:`` key, see :mod:`yolo_bimamba.data`) is built on first use and
   replaced by the generated data YAML.
-* **Offline safety.** ``YOLO_OFFLINE`` defaults to true when this module is imported before Ultralytics; the fonts
-  Ultralytics would download (Arial.ttf, Arial.Unicode.ttf) are provided from matplotlib's DejaVuSans; the CUDA AMP
-  check, which downloads a reference model, is skipped offline when that model is not on disk (AMP stays on, which
-  is what Ultralytics itself does when the download fails).
+* **Offline fallbacks**, active only while Ultralytics is offline (``YOLO_OFFLINE`` set, or no network when
+  Ultralytics was imported), so they change nothing for an online user: a font Ultralytics would download
+  (Arial.ttf, Arial.Unicode.ttf) and cannot find locally is replaced by matplotlib's DejaVuSans (nothing is written
+  to disk); the CUDA AMP check, which downloads a reference model, is skipped when that model is not on disk (AMP
+  stays on, which is what Ultralytics itself does when the download fails). This module never sets ``YOLO_OFFLINE``:
+  only our own entry points default to offline (:func:`default_offline`: ``train.py``, the ``yolo-bimamba`` CLI; the
+  tests and CI set it themselves).
 * **Recipe.** The trainer's optimizer keeps our mixers' A_log, D, dt_bias, norm weights and layer scales out of
   weight decay (:mod:`yolo_bimamba.recipe`; models without our blocks are unaffected).
-* **Guard.** ``yolo_bimamba.guard.install()`` is called when that module exists.
+* **Guard.** ``yolo_bimamba.guard.install()``: the guard's config keys and ``BaseTrainer`` patches, which run
+  Ultralytics' own methods unchanged unless the guard is active (a model with our blocks, or ``nan_guard=True``).
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import functools
+import importlib
+import importlib.util
+import logging
 import os
 import sys
+import threading
+from pathlib import Path
 
-_TRUTHY = {"1", "true", "yes", "on", "y", "t"}
-if "ultralytics" not in sys.modules:
-    # Ultralytics 8.3 only recognises YOLO_OFFLINE="true"; 8.4 accepts any truthy spelling.
-    _off = os.environ.get("YOLO_OFFLINE")
-    if _off is None or _off.strip().lower() in _TRUTHY:
-        os.environ["YOLO_OFFLINE"] = "true"
-
-import ast  # noqa: E402
-import contextlib  # noqa: E402
-import functools  # noqa: E402
-import importlib  # noqa: E402
-import importlib.util  # noqa: E402
-import logging  # noqa: E402
-import shutil  # noqa: E402
-import threading  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-__all__ = ["register", "register_block", "blocks", "cfg_dir", "resolve_name", "parse_model", "ensure_fonts"]
+__all__ = ["register", "register_block", "blocks", "cfg_dir", "resolve_name", "parse_model", "default_offline"]
 
 #: Block names looked up lazily in yolo_bimamba.nn (a block that does not exist yet is simply not registered).
 _KNOWN_BLOCKS = ("C2fBiMamba", "C2fHydra", "SPPFBiMamba", "C2PSABiMamba", "C3k2BiMamba", "C2fPlusBiMamba")
@@ -59,6 +54,7 @@ _EXTRA_BLOCKS: dict[str, type] = {}
 _LOCK = threading.RLock()
 _REGISTERED = False
 _C2F_TYPE = "ultralytics.nn.modules.block.C2f"
+_TRUTHY = {"1", "true", "yes", "on", "y", "t"}
 
 
 def cfg_dir() -> Path:
@@ -289,33 +285,42 @@ def _rebind(name: str, old, new):
                 setattr(mod, name, new)
 
 
-# ------------------------------------------------------------------------------------------------- offline safety
-def ensure_fonts() -> list[Path]:
-    """Provide Arial.ttf / Arial.Unicode.ttf in Ultralytics' config dir (copies of matplotlib's DejaVuSans)."""
-    from ultralytics.utils import USER_CONFIG_DIR
+# ---------------------------------------------------------------------------------------------- offline fallbacks
+def _wrap_check_font(original):
+    """Offline only: a font that is neither in Ultralytics' config dir nor a known system font is not downloaded;
+    matplotlib's DejaVuSans stands in (online, or when the font is there, Ultralytics' own check runs)."""
 
-    placed = []
-    missing = [USER_CONFIG_DIR / n for n in ("Arial.ttf", "Arial.Unicode.ttf") if not (USER_CONFIG_DIR / n).exists()]
-    if not missing:
-        return placed
-    try:
-        import matplotlib
+    @functools.wraps(original)
+    def check_font(font="Arial.ttf"):
+        if _offline():
+            from ultralytics.utils import USER_CONFIG_DIR
 
-        src = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
-    except ImportError:
-        return placed
-    if not src.is_file():
-        return placed
-    for dst in missing:
-        try:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dst)
-            placed.append(dst)
-        except OSError:  # read-only config dir: Ultralytics will warn, training still works
-            pass
-    return placed
+            name = Path(font).name
+            if not (USER_CONFIG_DIR / name).exists():
+                with contextlib.suppress(ImportError):
+                    from matplotlib import font_manager
+
+                    if not any(font in f.fname and os.path.exists(f.fname) for f in font_manager.fontManager.ttflist):
+                        import matplotlib
+
+                        src = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+                        if src.is_file():
+                            return src
+        return original(font)
+
+    check_font._yolo_bimamba_original = original
+    return check_font
+
+
+def default_offline() -> None:
+    """For our own entry points only (train.py, the ``yolo-bimamba`` CLI): this process is offline unless the user
+    set ``YOLO_OFFLINE`` (then theirs is kept). Sets the variable and, if Ultralytics is already imported, its
+    ``ONLINE`` flag in every module that imported it."""
+    if os.environ.get("YOLO_OFFLINE") is not None:
+        return
+    os.environ["YOLO_OFFLINE"] = "true"  # Ultralytics 8.3 only recognises the spelling "true"
+    if "ultralytics.utils" in sys.modules:
+        _rebind("ONLINE", True, False)
 
 
 def _offline() -> bool:
@@ -345,7 +350,7 @@ def _wrap_check_amp(original):
 
 # ------------------------------------------------------------------------------------------------------- register
 def register() -> None:
-    """Register our blocks, YAML names and offline fixes with Ultralytics. Safe to call any number of times."""
+    """Register our blocks, YAML names, offline fallbacks and the guard with Ultralytics (idempotent)."""
     global _REGISTERED
     with _LOCK:
         if _REGISTERED:
@@ -364,9 +369,11 @@ def register() -> None:
             _rebind("check_amp", old, _wrap_check_amp(old))
         if not hasattr(trainer.check_amp, "_yolo_bimamba_original"):  # imported before our rebind: wrap there too
             trainer.check_amp = _wrap_check_amp(trainer.check_amp)
+        if not hasattr(checks.check_font, "_yolo_bimamba_original"):
+            old = checks.check_font
+            _rebind("check_font", old, _wrap_check_font(old))
         for name, cls in blocks().items():
             setattr(tasks, name, cls)
-        ensure_fonts()
         importlib.import_module("yolo_bimamba.recipe").install()  # SSM parameters without weight decay
         _REGISTERED = True
 

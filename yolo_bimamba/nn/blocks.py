@@ -8,6 +8,7 @@ from timm.layers import DropPath, Mlp
 from torch import nn
 from ultralytics.nn.modules import Conv
 
+from ..ops.fused_switch import graph_tracing
 from ..ops.layer_norm import layer_norm_channels_first
 from . import cuda_graph
 from .bimamba2 import BiMamba2
@@ -97,9 +98,14 @@ class BiMambaLayer2D(nn.Module):
         # one view of x feeds both the norm and the residual, so that their gradients are summed before they reach x
         # (in eager autograd as inside a CUDA-graph replay of this layer: the same rounding)
         xf = x.flatten(2)  # (N, C, H*W)
-        # LN of the (N, H*W, C) row-major tokens, read channels-first as they are (fused on CUDA: ops.layer_norm)
-        tokens = layer_norm_channels_first(xf, self.norm.weight, self.norm.bias, self.norm.eps,
-                                           backend=getattr(self.mixer, "backend", "auto"))
+        # LN of the (N, H*W, C) row-major tokens, read channels-first as they are (fused on CUDA: ops.layer_norm);
+        # traced or exported: the module itself, whose normalized_shape is a constant (not x's traced channel count,
+        # which a dynamic-shape ONNX export cannot take as LayerNormalization's shape)
+        if graph_tracing():
+            tokens = self.norm(xf.transpose(1, 2))
+        else:
+            tokens = layer_norm_channels_first(xf, self.norm.weight, self.norm.bias, self.norm.eps,
+                                               backend=getattr(self.mixer, "backend", "auto"))
         # layer scales: absent from layers built without layer_scale and from layers pickled before it existed
         gamma, gamma2 = getattr(self, "gamma", None), getattr(self, "gamma2", None)
         mixed = self._mix(tokens, h, w)

@@ -16,7 +16,7 @@ from .reference import LOG_DECAY_FLOOR, clamp_A, clamp_ste, process_dt
 
 
 def _pad_seq(t: torch.Tensor, pad: int) -> torch.Tensor:
-    if pad == 0:
+    if pad == 0 and not torch.jit.is_tracing():  # traced: the pad stays in the graph (0 here, not at other lengths)
         return t
     # pad dim 1 (sequence) at the end; F.pad counts dims from the last one
     spec = [0, 0] * (t.dim() - 2) + [0, pad]
@@ -49,7 +49,7 @@ def _head_major_channels_first(t: torch.Tensor, pad: int, nc: int, chunk: int, g
     """(b, h * p, l) channels-first (h = g * r) -> (b, g, r, c, t, p), padded to whole chunks: one transpose.
     ``transposed``: each chunk's matrix transposed, (b, g, r, c, p, t), in that one transpose."""
     b, cp, _ = t.shape
-    t = F.pad(t, (0, pad)) if pad else t
+    t = F.pad(t, (0, pad)) if pad or torch.jit.is_tracing() else t  # traced: as in _pad_seq
     order = (0, 1, 2, 4, 3, 5) if transposed else (0, 1, 2, 4, 5, 3)
     return t.reshape(b, g, r, cp // (g * r), nc, chunk).permute(order)
 
