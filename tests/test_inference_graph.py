@@ -1,5 +1,5 @@
 """CPU tests of yolo_bimamba.inference: where graph replays are not possible the eager forward runs, unchanged, and
-leaving the block leaves nothing on the model. (The replay itself needs CUDA: tests/gpu/test_inference_graph.py.)"""
+leaving the block leaves nothing on the model. (The replay itself needs CUDA: tests/gpu/test_gpu_inference_graph.py.)"""
 import pickle
 
 import pytest

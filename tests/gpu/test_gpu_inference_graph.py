@@ -1,6 +1,6 @@
 """GPU tests of whole-model CUDA-graph inference (yolo_bimamba.inference.graph_inference).
 
-    python -m pytest -m gpu tests/gpu/test_inference_graph.py -v    # needs CUDA, torch, triton and ultralytics
+    python -m pytest -m gpu tests/gpu/test_gpu_inference_graph.py -v    # needs CUDA, torch, triton and ultralytics
 
 A fused detection model with BiMamba2 blocks runs eagerly and through graph replays on the same inputs: the
 outputs must agree, a replay must have happened, each new input shape gets its own graph, and an output the caller
