@@ -428,7 +428,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     forced = contextlib.nullcontext()
     if a.force_configs and a.triton_backend == "triton":
-        from yolo_bimamba.ops import triton_op
+        from yolo_bimamba.ops.bi_ssd import autograd as triton_op
 
         fi, bi, si = (int(v) for v in a.force_configs.split(","))
         forced = triton_op.force_config(fwd=fi, bwd=bi, state=si)
@@ -453,8 +453,8 @@ def _main(a, argv):
                 date=time.strftime("%Y-%m-%d %H:%M:%S"), host_python=platform.python_version(),
                 forced_configs=a.force_configs)
     if a.triton_backend == "triton":
-        from yolo_bimamba.ops import triton_kernels as tk
-        from yolo_bimamba.ops import triton_op
+        from yolo_bimamba.ops.bi_ssd import kernels as tk
+        from yolo_bimamba.ops.bi_ssd import autograd as triton_op
 
         meta["configs"] = {name: [dict(c.kwargs, num_warps=c.num_warps) for c in cfgs] for name, cfgs in
                            (("fwd", tk.FWD_CONFIGS), ("bwd", tk.BWD_CONFIGS), ("state", tk.STATE_CONFIGS),

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "benchmarks" / "bench_kernels.py")
 bench_kernels = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_kernels)  # also enters the package without Ultralytics where that is missing
-from yolo_bimamba.ops import triton_op  # noqa: E402
+from yolo_bimamba.ops.bi_ssd import autograd as triton_op  # noqa: E402
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -40,7 +40,7 @@ _spec.loader.exec_module(bench_kernels)  # also enters the package without Ultra
 
 from triton.runtime import interpreter as _interp  # noqa: E402
 
-from yolo_bimamba.ops import triton_op  # noqa: E402
+from yolo_bimamba.ops.bi_ssd import autograd as triton_op  # noqa: E402
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PEAK = {"bf16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12}  # dense FLOP/s of an H200 SXM (2 FLOPs per MAC)

@@ -121,7 +121,7 @@ def kernels(args):
     from bench_kernels import _enter_package_without_glue
 
     _enter_package_without_glue()
-    from yolo_bimamba.ops import triton_op
+    from yolo_bimamba.ops.bi_ssd import autograd as triton_op
 
     shapes = [  # (name, b, L, h, p, n)
         ("b16_L1600_h8_p64_n64", 16, 1600, 8, 64, 64),
@@ -338,7 +338,8 @@ def host_parts(args):
     from bench_kernels import _enter_package_without_glue
 
     _enter_package_without_glue()
-    from yolo_bimamba.ops import bi_ssd, launch as launch_mod, triton_op
+    from yolo_bimamba.ops import bi_ssd, launch as launch_mod
+    from yolo_bimamba.ops.bi_ssd import autograd as triton_op
 
     dtype = _DTYPES[args.precision]
     runs = []

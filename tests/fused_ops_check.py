@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from yolo_bimamba.ops import triton_op
+from yolo_bimamba.ops.bi_ssd import autograd as triton_op
 
 
 def rel(a, b):

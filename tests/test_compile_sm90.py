@@ -97,7 +97,7 @@ def _call_op(dtype_name, p, n, g, h, v):
     """Call bi_ssd_triton forward + backward on CPU tensors (kernels are recorded, not run)."""
     import torch
 
-    from yolo_bimamba.ops.triton_op import bi_ssd_triton
+    from yolo_bimamba.ops.bi_ssd.autograd import bi_ssd_triton
 
     dt = _torch_dtype(dtype_name)
     b, l = 2, 1000  # L not a multiple of any tile; sizes matter only for integer specialisation
@@ -115,11 +115,11 @@ def _call_op(dtype_name, p, n, g, h, v):
         kw["dt_bias"] = torch.randn(h).requires_grad_(True)
     if v.get("separate"):
         kw.update(dt_bwd=mk(b, l, h), B_bwd=mk(b, l, g, n), C_bwd=mk(b, l, g, n))
-    from yolo_bimamba.ops.triton_op import force_config
+    from yolo_bimamba.ops.bi_ssd.autograd import force_config
 
     # segments of 256 rows (4 at L = 1000): the state kernel runs in every variant; "split" picks how the
     # backward runs both directions (two launches, the default, or one)
-    from yolo_bimamba.ops.triton_kernels import BWD_CONFIGS, FWD_CONFIGS, bwd_config_fits
+    from yolo_bimamba.ops.bi_ssd.kernels import BWD_CONFIGS, FWD_CONFIGS, bwd_config_fits
 
     # a segment kernel and its in-chunk pairs kernel cut the sequence into the same chunks (the forward's: and headdim
     # blocks): after the autotuned run, again with each forward config and a backward config of each BLOCK_Q forced,
@@ -259,7 +259,7 @@ def _config_index(kernel_name, launch_kwargs):
     those of a direct launch (None for a kernel without an autotuner, or a launch that is none of its configs)."""
     from triton.runtime.autotuner import Autotuner
 
-    from yolo_bimamba.ops import triton_op
+    from yolo_bimamba.ops.bi_ssd import autograd as triton_op
 
     for attr in dir(triton_op):
         tuner = getattr(triton_op, attr)
@@ -378,7 +378,7 @@ def _worker(out_path: str, dtypes: list[str], manual_signature: bool = False) ->
     tjit.JITFunction.run = record_run
     Autotuner.run = record_autotuned
 
-    from yolo_bimamba.ops import triton_op
+    from yolo_bimamba.ops.bi_ssd import autograd as triton_op
 
     autotuners = {}
     for attr in dir(triton_op):
@@ -428,7 +428,7 @@ def _discover():
     """(kernel name, number of configs) of every autotuned kernel of the op, read at collection."""
     from triton.runtime.autotuner import Autotuner
 
-    from yolo_bimamba.ops import triton_op
+    from yolo_bimamba.ops.bi_ssd import autograd as triton_op
 
     out = []
     for attr in sorted(dir(triton_op)):

@@ -12,7 +12,7 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from yolo_bimamba.ops import triton_op  # noqa: E402
+from yolo_bimamba.ops.bi_ssd import autograd as triton_op  # noqa: E402
 from yolo_bimamba.ops.dwconv import dwconv_silu, dwconv_silu_reference, force_config  # noqa: E402
 from yolo_bimamba.ops.dwconv_kernels import CONFIGS  # noqa: E402
 from fused_ops_check import check_against_float64, poisoned_run, rel  # noqa: E402
@@ -126,7 +126,7 @@ def test_auto_backend_and_its_switch(monkeypatch):
 def test_graph_tracing_is_seen_by_every_tracer():
     """The fused ops and the SSD op's "auto" fall back to their PyTorch expressions while a graph is traced: jit.trace
     (TorchScript export), torch.export (which the dynamo ONNX exporter uses) and torch.compile."""
-    from yolo_bimamba.ops.fused_switch import graph_tracing
+    from yolo_bimamba.ops.backend_choice import graph_tracing
 
     class Probe(torch.nn.Module):
         def forward(self, x):
@@ -144,17 +144,17 @@ def test_triton_usable_is_the_one_auto_switch(monkeypatch):
     module must import, no graph may be traced, and an op's own switch (when it has one) must not be 0."""
     import importlib
 
-    from yolo_bimamba.ops import fused_switch
+    from yolo_bimamba.ops import backend_choice as fused_switch
 
-    bi_ssd_mod = importlib.import_module("yolo_bimamba.ops.bi_ssd")  # the module (the package exports the function)
+    bi_ssd_mod = importlib.import_module("yolo_bimamba.ops.bi_ssd.api")  # the module (the package exports the function)
 
-    assert fused_switch.triton_usable("yolo_bimamba.ops.triton_op")
+    assert fused_switch.triton_usable("yolo_bimamba.ops.bi_ssd.autograd")
     assert bi_ssd_mod.auto_picks_triton(64, 64, torch.float32)
     assert not fused_switch.triton_usable("yolo_bimamba.ops.no_such_kernels")
     monkeypatch.setenv("YOLO_BIMAMBA_FUSED_CONV", "0")
-    assert fused_switch.triton_usable("yolo_bimamba.ops.triton_op")  # the SSD op has no such switch
+    assert fused_switch.triton_usable("yolo_bimamba.ops.bi_ssd.autograd")  # the SSD op has no such switch
     monkeypatch.setattr(fused_switch, "graph_tracing", lambda: True)
-    assert not fused_switch.triton_usable("yolo_bimamba.ops.triton_op")
+    assert not fused_switch.triton_usable("yolo_bimamba.ops.bi_ssd.autograd")
     assert not bi_ssd_mod.auto_picks_triton(64, 64, torch.float32)
 
 

@@ -12,7 +12,7 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from yolo_bimamba.ops import triton_op  # noqa: E402
+from yolo_bimamba.ops.bi_ssd import autograd as triton_op  # noqa: E402
 from yolo_bimamba.ops.gated_norm import force_config, gated_rmsnorm, gated_rmsnorm_reference  # noqa: E402
 from yolo_bimamba.ops.gated_norm_kernels import CONFIGS  # noqa: E402
 from fused_ops_check import check_against_float64, poisoned_run, rel  # noqa: E402

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from yolo_bimamba.ops import launch as L
-from yolo_bimamba.ops import triton_op as to
+from yolo_bimamba.ops.bi_ssd import autograd as to
 
 
 def _triton_binder(kernel):

@@ -13,7 +13,7 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from yolo_bimamba.ops import triton_op  # noqa: E402
+from yolo_bimamba.ops.bi_ssd import autograd as triton_op  # noqa: E402
 from yolo_bimamba.ops.layer_norm import (  # noqa: E402
     force_config, layer_norm_channels_first, layer_norm_channels_first_reference,
 )

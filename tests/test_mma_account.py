@@ -14,9 +14,9 @@ import benchmark_script  # tests/benchmark_script.py
 
 mma_account = benchmark_script.load("mma_account")
 
-from yolo_bimamba.ops import triton_op  # noqa: E402
-from yolo_bimamba.ops.triton_kernels import FWD_CONFIGS, STATE_CONFIGS  # noqa: E402
-from yolo_bimamba.ops.validate import kernel_tile  # noqa: E402
+from yolo_bimamba.ops.bi_ssd import autograd as triton_op  # noqa: E402
+from yolo_bimamba.ops.bi_ssd.kernels import FWD_CONFIGS, STATE_CONFIGS  # noqa: E402
+from yolo_bimamba.ops.bi_ssd.validate import kernel_tile  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU check under the interpreter")
 

@@ -215,7 +215,7 @@ def test_fp16_scans_keep_their_dtype_off_cuda_and_for_the_pytorch_op():
     return their input's dtype."""
     import importlib
 
-    mod = importlib.import_module("yolo_bimamba.ops.bi_ssd")
+    mod = importlib.import_module("yolo_bimamba.ops.bi_ssd.api")
     for dt in (torch.float16, torch.bfloat16, torch.float32):
         for backend in ("auto", "torch", "triton"):
             assert mod.mixer_scan_dtype(torch.zeros(2, 3, dtype=dt), 32, 32, backend) == dt

@@ -21,8 +21,8 @@ import torch  # noqa: E402
 pytest.importorskip("triton")
 
 from yolo_bimamba.ops import bi_ssd  # noqa: E402
-from yolo_bimamba.ops import triton_op  # noqa: E402
-from yolo_bimamba.ops.triton_op import BWD_CONFIGS, STATE_CONFIGS, force_config  # noqa: E402
+from yolo_bimamba.ops.bi_ssd import autograd as triton_op  # noqa: E402
+from yolo_bimamba.ops.bi_ssd.autograd import BWD_CONFIGS, STATE_CONFIGS, force_config  # noqa: E402
 
 
 from bf16_split_check import bf16_split_case, check_bf16_split  # noqa: E402

@@ -13,11 +13,11 @@ import torch  # noqa: E402
 triton = pytest.importorskip("triton")
 
 from yolo_bimamba.ops import bi_ssd, bi_ssd_reference  # noqa: E402
-from yolo_bimamba.ops import triton_op  # noqa: E402
-from yolo_bimamba.ops.triton_op import (  # noqa: E402
+from yolo_bimamba.ops.bi_ssd import autograd as triton_op  # noqa: E402
+from yolo_bimamba.ops.bi_ssd.autograd import (  # noqa: E402
     BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, STATE_CONFIGS, bi_ssd_triton, force_config,
 )
-from yolo_bimamba.ops.triton_kernels import SEG_MULTIPLE  # noqa: E402
+from yolo_bimamba.ops.bi_ssd.kernels import SEG_MULTIPLE  # noqa: E402
 from stress_recipes import STRESS  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -1050,8 +1050,8 @@ def test_sizes_beyond_the_kernels_are_refused_before_launch():
     """headdim / d_state the kernels cannot hold in shared memory (measured for sm_90, see
     validate.triton_dims_supported): backend="triton" raises a ValueError naming both sizes, before any launch;
     backend="auto" falls back to the PyTorch op there."""
-    from yolo_bimamba.ops.bi_ssd import auto_picks_triton
-    from yolo_bimamba.ops.validate import triton_dims_supported
+    from yolo_bimamba.ops.bi_ssd.api import auto_picks_triton
+    from yolo_bimamba.ops.bi_ssd.validate import triton_dims_supported
 
     assert triton_dims_supported(128, 128, torch.float32) and triton_dims_supported(100, 33, torch.float32)
     assert triton_dims_supported(64, 256, torch.bfloat16) and triton_dims_supported(256, 48, torch.bfloat16)
@@ -1084,7 +1084,7 @@ def test_kernels_at_256_tiles(monkeypatch, p, n, fi):
     """headdim or d_state of 256 (tiles of 256, taken for 16-bit inputs on the GPU): the kernels' arithmetic at those
     tile sizes, in fp32 under the interpreter (which cannot run bf16), against float64; L not a multiple of a chunk and
     two segments. Every forward and state config, and every backward config that is not pruned at these sizes."""
-    from yolo_bimamba.ops.triton_kernels import bwd_config_fits
+    from yolo_bimamba.ops.bi_ssd.kernels import bwd_config_fits
 
     monkeypatch.setattr(triton_op, "validate_bi_ssd", lambda *a, **k: None)  # fp32 is refused at 256 on the GPU
     fitting = [i for i, c in enumerate(BWD_CONFIGS) if bwd_config_fits(c, p, n)]
@@ -1152,8 +1152,8 @@ def test_grad_sums_kernel_many_rows(dtype, d_per_p, has_bias):
     """_bi_ssd_grad_sums_kernel at more rows than one step of it (batch 37 > 16 rows, 3 segments: several steps and
     a masked tail; the op tests run batches of 1-2): dA, d dt_bias, dD equal the float64 sums of the partials, every
     element of the NaN-poisoned outputs written, nothing written past them (NaN guards), the same bits run to run."""
-    from yolo_bimamba.ops.triton_kernels import _bi_ssd_grad_sums_kernel
-    from yolo_bimamba.ops.triton_op import _GRAD_SUM_ROWS, compute_dtype, kernel_tile, launch
+    from yolo_bimamba.ops.bi_ssd.kernels import _bi_ssd_grad_sums_kernel
+    from yolo_bimamba.ops.bi_ssd.autograd import _GRAD_SUM_ROWS, compute_dtype, kernel_tile, launch
 
     b, h, nseg, p = 37, 3, 3, 5
     assert b > _GRAD_SUM_ROWS and (b * nseg) % _GRAD_SUM_ROWS != 0

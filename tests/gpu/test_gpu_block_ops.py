@@ -149,9 +149,9 @@ def test_fp16_autocast_runs_the_scan_in_bf16(monkeypatch, mixer):
     parameters' gradients are within the 16-bit tolerance of the fp32 module's, and finite."""
     from yolo_bimamba.nn.bimamba2 import BiMamba2
     from yolo_bimamba.nn.hydra import Hydra
-    from yolo_bimamba.ops import triton_op
+    from yolo_bimamba.ops.bi_ssd import autograd as triton_op
 
-    bi_ssd_mod = importlib.import_module("yolo_bimamba.ops.bi_ssd")  # the module (ops.bi_ssd is the function)
+    bi_ssd_mod = importlib.import_module("yolo_bimamba.ops.bi_ssd.api")  # the module (ops.bi_ssd is the function)
 
     assert torch.cuda.get_device_capability()[0] >= 8, "this test wants a GPU with bf16 tensor cores"
     # the default configs (no autotuning: this is about the dtypes; the first Hydra call of three dtypes autotuned

@@ -241,7 +241,7 @@ def cached_reference(key, make):
 def _op_module():
     if BACKEND != "triton":
         return None
-    from yolo_bimamba.ops import triton_op
+    from yolo_bimamba.ops.bi_ssd import autograd as triton_op
 
     return triton_op
 
@@ -277,7 +277,7 @@ def accuracy_case(s, dtype, *, seed, label, hydra=False, extra=None, forcer=cont
 @pytest.fixture(scope="module", autouse=True)
 def _backend_present():
     if BACKEND == "triton":  # a missing Triton backend is a failure here, never a skip
-        from yolo_bimamba.ops import triton_op  # noqa: F401
+        from yolo_bimamba.ops.bi_ssd import autograd as triton_op  # noqa: F401
     if DEVICE == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # the float64 reference must not use tf32
     yield
@@ -371,8 +371,8 @@ def config_forcers():
     """
     if BACKEND != "triton":
         return [("default", contextlib.nullcontext)]
-    from yolo_bimamba.ops import triton_kernels as tk
-    from yolo_bimamba.ops import triton_op as to
+    from yolo_bimamba.ops.bi_ssd import kernels as tk
+    from yolo_bimamba.ops.bi_ssd import autograd as to
 
     nf, nb, ns, npair = len(tk.FWD_CONFIGS), len(tk.BWD_CONFIGS), len(tk.STATE_CONFIGS), len(tk.PAIRS_CONFIGS)
     out = []
@@ -429,7 +429,7 @@ def test_ordered_group_rows(s, direction, dtype):
 
 
 try:
-    from yolo_bimamba.ops.triton_kernels import BWD_CONFIGS as _BWD_CONFIGS
+    from yolo_bimamba.ops.bi_ssd.kernels import BWD_CONFIGS as _BWD_CONFIGS
     _BWD_IDS = list(range(len(_BWD_CONFIGS)))
 except Exception as _exc:  # noqa: BLE001 - reported as a failing test below, never skipped
     _BWD_IDS = [_exc]

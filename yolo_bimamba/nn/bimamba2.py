@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import bi_ssd
-from ..ops.bi_ssd import mixer_scan_dtype
-from ..ops.chunked import bi_ssd_torch_channels_first
+from ..ops.bi_ssd.api import mixer_scan_dtype
+from ..ops.bi_ssd.torch_backend import bi_ssd_torch_channels_first
 from ..ops.dwconv import dwconv_silu, dwconv_silu_channels_first
-from ..ops.fused_switch import graph_tracing
+from ..ops.backend_choice import graph_tracing
 from .norm import RMSNormGated
 
 #: A = -exp(A_log) is computed with A_log clamped to at most this value (|A| <= 1e3), so that

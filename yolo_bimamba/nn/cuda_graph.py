@@ -33,7 +33,7 @@ import weakref
 import torch
 from torch import nn
 
-from ..ops.fused_switch import graph_tracing
+from ..ops.backend_choice import graph_tracing
 
 __all__ = ["run", "enabled", "graphed_shapes", "summary", "MAX_SHAPES"]
 

@@ -40,9 +40,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import bi_ssd
-from ..ops.bi_ssd import mixer_scan_dtype
+from ..ops.bi_ssd.api import mixer_scan_dtype
 from ..ops.dwconv import dwconv_silu
-from ..ops.reference import process_dt
+from ..ops.bi_ssd.reference import process_dt
 from .bimamba2 import init_dt_bias
 from .blocks import BiMambaLayer2D, C2fBiMamba
 from .norm import RMSNormGated

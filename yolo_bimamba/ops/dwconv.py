@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fused_switch import (ForcedConfig, accumulation_dtype, alloc, compute_dtype, graph_tracing, runs_triton,
+from .backend_choice import (ForcedConfig, accumulation_dtype, alloc, compute_dtype, graph_tracing, runs_triton,
                            triton_usable)
 from .launch import launch
 

@@ -19,16 +19,16 @@ import os
 import torch
 import triton
 
-from .triton_kernels import (
+from .kernels import (
     AHEAD_MAX_TILE, BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS,
     _bi_ssd_bwd_dt_kernel,
     _bi_ssd_bwd_kernel, _bi_ssd_bwd_pairs_kernel, _bi_ssd_fwd_kernel, _bi_ssd_fwd_pairs_kernel,
     _bi_ssd_grad_sums_kernel, _bi_ssd_state_kernel,
     prune_bwd_configs,
 )
-from .fused_switch import accumulation_dtype, alloc as _alloc, compute_dtype
-from .fused_switch import check_guards, poison_outputs  # noqa: F401 (test hooks)
-from .launch import launch
+from ..backend_choice import accumulation_dtype, alloc as _alloc, compute_dtype
+from ..backend_choice import check_guards, poison_outputs  # noqa: F401 (test hooks)
+from ..launch import launch
 from .validate import kernel_tile, validate_bi_ssd
 
 __all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE_CONFIGS", "PAIRS_CONFIGS"]

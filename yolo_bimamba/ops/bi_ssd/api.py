@@ -6,8 +6,8 @@ import os
 
 import torch
 
-from .chunked import bi_ssd_torch
-from .fused_switch import graph_tracing, triton_usable
+from .torch_backend import bi_ssd_torch
+from ..backend_choice import graph_tracing, triton_usable
 from .validate import triton_dims_supported, validate_bi_ssd
 
 
@@ -15,7 +15,7 @@ def auto_picks_triton(headdim: int, dstate: int, dtype: torch.dtype) -> bool:
     """backend="auto" on CUDA tensors: the Triton kernels unless a graph is traced or exported (TorchScript, ONNX,
     torch.export, torch.compile), Triton is missing, or the sizes are beyond what the kernels take (then the PyTorch
     op, which takes any size)."""
-    return triton_usable("yolo_bimamba.ops.triton_op") and triton_dims_supported(headdim, dstate, dtype)
+    return triton_usable("yolo_bimamba.ops.bi_ssd.autograd") and triton_dims_supported(headdim, dstate, dtype)
 
 
 # The mixers (BiMamba2, Hydra) run the Triton kernels in bf16 when their inputs are fp16 (fp16 AMP, Ultralytics'
@@ -96,7 +96,7 @@ def bi_ssd(
         direction=direction, shift=shift, dt_bwd=dt_bwd, B_bwd=B_bwd, C_bwd=C_bwd,
     )
     if use_triton:
-        from .triton_op import bi_ssd_triton
+        from .autograd import bi_ssd_triton
 
         return bi_ssd_triton(x, dt, A, B, C, validate=False, **kwargs)  # validated above
     return bi_ssd_torch(x, dt, A, B, C, **kwargs)
