@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from yolo_bimamba.ops.bi_ssd.kernels import _round_bf16, _split_bf16
+from yolo_bimamba.ops.bi_ssd.kernels_common import _round_bf16, _split_bf16
 
 
 @triton.jit

@@ -12,13 +12,14 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from yolo_bimamba.ops.bi_ssd import autograd as triton_op  # noqa: E402
+from yolo_bimamba.ops.bi_ssd import tuning  # noqa: E402
+from yolo_bimamba.ops import kernel_buffers  # noqa: E402
 from yolo_bimamba.ops.dwconv import dwconv_silu, dwconv_silu_reference, force_config  # noqa: E402
 from yolo_bimamba.ops.dwconv_kernels import CONFIGS  # noqa: E402
 from fused_ops_check import check_against_float64, poisoned_run, rel  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-if DEV == "cpu" and not triton_op._INTERPRET:
+if DEV == "cpu" and not tuning._INTERPRET:
     pytest.skip("no CUDA and TRITON_INTERPRET is not set", allow_module_level=True)
 
 # (b, L, C, k): L and C not multiples of any block, L shorter than the kernel's reach, one channel, k = 1
@@ -104,7 +105,7 @@ def test_modules_use_it_and_match_their_conv1d():
         m.backend = "torch"
         ref = m(x)
         m.backend = "triton"
-        with triton_op.poison_outputs(True):
+        with kernel_buffers.poison_outputs(True):
             out = m(x)
         assert rel(out, ref) <= 1e-10, cls.__name__
 

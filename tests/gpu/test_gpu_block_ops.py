@@ -149,17 +149,17 @@ def test_fp16_autocast_runs_the_scan_in_bf16(monkeypatch, mixer):
     parameters' gradients are within the 16-bit tolerance of the fp32 module's, and finite."""
     from yolo_bimamba.nn.bimamba2 import BiMamba2
     from yolo_bimamba.nn.hydra import Hydra
-    from yolo_bimamba.ops.bi_ssd import autograd as triton_op
+    from yolo_bimamba.ops.bi_ssd import autograd, tuning
 
     bi_ssd_mod = importlib.import_module("yolo_bimamba.ops.bi_ssd.api")  # the module (ops.bi_ssd is the function)
 
     assert torch.cuda.get_device_capability()[0] >= 8, "this test wants a GPU with bf16 tensor cores"
     # the default configs (no autotuning: this is about the dtypes; the first Hydra call of three dtypes autotuned
     # for over 2 minutes on an H200)
-    monkeypatch.setattr(triton_op, "_AUTOTUNE", False)
+    monkeypatch.setattr(tuning, "_AUTOTUNE", False)
     seen = []
-    orig = triton_op.bi_ssd_triton
-    monkeypatch.setattr(triton_op, "bi_ssd_triton",
+    orig = autograd.bi_ssd_triton
+    monkeypatch.setattr(autograd, "bi_ssd_triton",
                         lambda x, dt, A, B, C, **kw: seen.append((x.dtype, B.dtype, C.dtype)) or orig(x, dt, A, B, C, **kw))
     torch.manual_seed(0)
     cls = BiMamba2 if mixer == "bimamba2" else Hydra

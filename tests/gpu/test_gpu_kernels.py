@@ -50,7 +50,7 @@ pytestmark = [
 
 TOL = {torch.float32: 2e-3, torch.bfloat16: 1.5e-2, torch.float16: 5e-3}
 DTYPES = [torch.float32, torch.bfloat16]
-# fp16 (Ultralytics' default AMP dtype) has a dot policy of its own (triton_op._dot_precisions): its cases run at the
+# fp16 (Ultralytics' default AMP dtype) has a dot policy of its own (autograd._dot_precisions): its cases run at the
 # detection shapes, every config and the autotuned first call
 FP16 = [torch.float16]
 CHUNK = 64
@@ -239,25 +239,28 @@ def cached_reference(key, make):
 
 
 def _op_module():
+    """The Triton backend's tuning module (None for the PyTorch backend)."""
     if BACKEND != "triton":
         return None
-    from yolo_bimamba.ops.bi_ssd import autograd as triton_op
+    from yolo_bimamba.ops.bi_ssd import tuning
 
-    return triton_op
+    return tuning
 
 
 def poisoned_run(inp, dy, opts, dtype, forcer=contextlib.nullcontext, **extra):
     """One run with NaN-poisoned memory: the caching allocator's free blocks, and (the op's test hook)
     every output / gradient buffer inside NaN guard regions that must stay untouched."""
     poison_allocator(4 * io_bytes(inp, dtype) + (64 << 20))
+    from yolo_bimamba.ops import kernel_buffers
+
     to = _op_module()
-    hook = to.poison_outputs(True) if to is not None and hasattr(to, "poison_outputs") else contextlib.nullcontext()
+    hook = kernel_buffers.poison_outputs(True) if to is not None else contextlib.nullcontext()
     with hook, forcer():
         out = run(inp, dy, opts, dtype, backend=BACKEND, **extra)
-    if to is not None and hasattr(to, "check_guards"):
+    if to is not None:
         if DEVICE == "cuda":
             torch.cuda.synchronize()
-        assert to.check_guards(), "a kernel wrote outside its output buffers (NaN guard regions changed)"
+        assert kernel_buffers.check_guards(), "a kernel wrote outside its output buffers (NaN guard regions changed)"
     return out
 
 
@@ -277,7 +280,7 @@ def accuracy_case(s, dtype, *, seed, label, hydra=False, extra=None, forcer=cont
 @pytest.fixture(scope="module", autouse=True)
 def _backend_present():
     if BACKEND == "triton":  # a missing Triton backend is a failure here, never a skip
-        from yolo_bimamba.ops.bi_ssd import autograd as triton_op  # noqa: F401
+        from yolo_bimamba.ops.bi_ssd import autograd, tuning  # noqa: F401
     if DEVICE == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # the float64 reference must not use tf32
     yield
@@ -365,14 +368,13 @@ def test_one_head_per_group(hydra, dtype):
 def config_forcers():
     """[(label, context manager factory)] for every config of every kernel (kernel helper's API).
 
-    ``triton_op.force_config(fwd=i, bwd=j, state=k, pairs=m, split=...)`` with ``FWD_CONFIGS`` / ``BWD_CONFIGS`` /
+    ``tuning.force_config(fwd=i, bwd=j, state=k, pairs=m, split=...)`` with ``FWD_CONFIGS`` / ``BWD_CONFIGS`` /
     ``STATE_CONFIGS`` / ``PAIRS_CONFIGS``: the lists are cycled together, so every config of each list runs at least
     once, with the backward's two directions alternately in two launches and in one.
     """
     if BACKEND != "triton":
         return [("default", contextlib.nullcontext)]
-    from yolo_bimamba.ops.bi_ssd import kernels as tk
-    from yolo_bimamba.ops.bi_ssd import autograd as to
+    from yolo_bimamba.ops.bi_ssd import tuning as tk
 
     nf, nb, ns, npair = len(tk.FWD_CONFIGS), len(tk.BWD_CONFIGS), len(tk.STATE_CONFIGS), len(tk.PAIRS_CONFIGS)
     out = []
@@ -380,7 +382,7 @@ def config_forcers():
         fi, bi, si, pi = i % nf, i % nb, i % ns, i % npair
         split = i % 2 == 0  # the backward's directions in two launches or in one
         out.append((f"fwd{fi}-bwd{bi}-state{si}-pairs{pi}-{'split' if split else 'fused'}",
-                    lambda fi=fi, bi=bi, si=si, pi=pi, split=split: to.force_config(
+                    lambda fi=fi, bi=bi, si=si, pi=pi, split=split: tk.force_config(
                         fwd=fi, bwd=bi, state=si, pairs=pi, split=split)))
     return out
 
@@ -429,7 +431,7 @@ def test_ordered_group_rows(s, direction, dtype):
 
 
 try:
-    from yolo_bimamba.ops.bi_ssd.kernels import BWD_CONFIGS as _BWD_CONFIGS
+    from yolo_bimamba.ops.bi_ssd.tuning import BWD_CONFIGS as _BWD_CONFIGS
     _BWD_IDS = list(range(len(_BWD_CONFIGS)))
 except Exception as _exc:  # noqa: BLE001 - reported as a failing test below, never skipped
     _BWD_IDS = [_exc]
@@ -513,7 +515,7 @@ def test_autotuned_first_call(dtype):
         pytest.skip("autotuning belongs to the triton backend")
     old = to._AUTOTUNE
     to._AUTOTUNE = True
-    for tuned in (to._fwd_tuned, to._bwd_tuned, to._state_tuned, to._pairs_tuned, to._fwd_pairs_tuned):
+    for tuned in (to.fwd_tuner, to.bwd_tuner, to.state_tuner, to.bwd_pairs_tuner, to.fwd_pairs_tuner):
         tuned.cache.clear()
     to._chosen.clear()
     try:

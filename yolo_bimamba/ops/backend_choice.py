@@ -1,10 +1,8 @@
-"""What the Triton-backed ops (ops.bi_ssd, ops.dwconv, ops.gated_norm) share: forcing one of a kernel's configs
-(tests), the decision whether a call launches Triton kernels, the kernels' arithmetic type, and the allocator of
-their output buffers with its NaN-poisoning test hook."""
+"""How the ops (ops.bi_ssd, ops.dwconv, ops.gated_norm, ops.layer_norm) choose their backend: whether a graph is being
+traced or exported, whether the Triton kernels may run for a call, and forcing one of a kernel's configs (tests)."""
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 
 import torch
@@ -55,55 +53,3 @@ def runs_triton(op: str, backend: str, t: torch.Tensor, usable) -> bool:
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"{op}: backend must be 'auto', 'torch' or 'triton', got {backend!r}")
     return backend == "triton" or (backend == "auto" and t.is_cuda and usable())
-
-
-def compute_dtype(dtype: torch.dtype):
-    """The kernels' arithmetic type: fp64 for fp64 inputs (tests against float64), else fp32."""
-    import triton.language as tl
-
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """compute_dtype as a torch dtype: that of the kernels' fp32 (fp64 for fp64 inputs) buffers and statistics."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-# test hook: allocate every output / gradient buffer filled with NaN so unwritten elements show
-_POISON = os.environ.get("YOLO_BIMAMBA_POISON", "0") not in ("", "0")
-
-
-@contextlib.contextmanager
-def poison_outputs(enabled: bool = True):
-    """Test hook: fill every output and gradient buffer with NaN before the kernels run."""
-    global _POISON
-    old = _POISON
-    _POISON = enabled
-    try:
-        yield
-    finally:
-        _POISON = old
-
-
-_GUARD = 64  # NaN elements before and after each poisoned buffer
-_guarded: list = []
-
-
-def alloc(shape, dtype, device):
-    """An output or gradient buffer of a kernel (torch.empty; NaN-filled inside guard regions under poison_outputs)."""
-    if _POISON:
-        numel = math.prod(shape)
-        buf = torch.full((numel + 2 * _GUARD,), float("nan"), dtype=dtype, device=device)
-        _guarded.append((buf, numel))
-        return buf[_GUARD:_GUARD + numel].view(shape)
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
-def check_guards() -> bool:
-    """Test hook: True when the NaN guard regions around every poisoned buffer allocated since the
-    last call are intact (no kernel wrote outside its outputs). Forgets those buffers."""
-    ok = True
-    for buf, numel in _guarded:
-        ok = ok and bool(torch.isnan(buf[:_GUARD]).all()) and bool(torch.isnan(buf[_GUARD + numel:]).all())
-    _guarded.clear()
-    return ok

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .backend_choice import ForcedConfig, accumulation_dtype, alloc, compute_dtype, runs_triton, triton_usable
+from .backend_choice import ForcedConfig, runs_triton, triton_usable
+from .kernel_buffers import accumulation_dtype, alloc, compute_dtype
 from .launch import launch
 
 MAX_TILE = 8192  # tokens x padded channels per program

@@ -1,314 +1,43 @@
-"""Autograd wrapper of the fused Triton bidirectional SSD kernels (``bi_ssd(..., backend="triton")``).
+"""The autograd function of the bidirectional SSD's Triton backend: the forward and backward launch sequences.
 
-Forward: a state kernel (segment-boundary states; skipped when the sequence is one segment) and one forward
-launch. Backward: a state kernel, one segment-kernel launch per direction (or one for both, ``split=False``) for the
-state terms, the in-chunk pairs kernel (which also sums the per-head dB, dC over each group's heads when ngroups <
-nheads, unless the segment kernel summed them in head order itself: YOLO_BIMAMBA_ORDERED_ROWS=1), the pass-C kernel,
-plus one small launch that sums dA, d dt_bias and dD over the batch. On CUDA the kernels are autotuned over
-:data:`FWD_CONFIGS` / :data:`BWD_CONFIGS` / :data:`STATE_CONFIGS` / :data:`PAIRS_CONFIGS` (``YOLO_BIMAMBA_AUTOTUNE=0``:
-no autotuning, :func:`default_config`); under the Triton
-interpreter (``TRITON_INTERPRET=1``, CPU tensors) the default configs run unless one is forced with
-:func:`force_config`.
+Forward: the state kernel (segment-boundary states; none when the sequence is one segment), the forward kernel (the
+pairs across chunks and D x; it also stores the processed dt for the kernels after it) and the forward's in-chunk
+pairs kernel. Backward: the state kernel (state gradients), the segment kernel, once per direction or once for both
+(tuning.backward_launches), the in-chunk pairs kernel (which also sums the per-head dB, dC over each group's heads
+when ngroups < nheads, unless the segment kernel summed them in head order itself), pass C, and one small launch that
+sums dA, d dt_bias and dD over the batch. Each launch runs the config tuning.config_for names (or the autotuner's).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 
 import torch
-import triton
 
-from .kernels import (
-    AHEAD_MAX_TILE, BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, PASS_C_ROWS, SEG_MULTIPLE, STATE_CONFIGS,
-    _bi_ssd_bwd_dt_kernel,
-    _bi_ssd_bwd_kernel, _bi_ssd_bwd_pairs_kernel, _bi_ssd_fwd_kernel, _bi_ssd_fwd_pairs_kernel,
-    _bi_ssd_grad_sums_kernel, _bi_ssd_state_kernel,
-    prune_bwd_configs,
-)
-from ..backend_choice import accumulation_dtype, alloc as _alloc, compute_dtype
-from ..backend_choice import check_guards, poison_outputs  # noqa: F401 (test hooks)
+from ..kernel_buffers import accumulation_dtype, alloc as _alloc, compute_dtype
 from ..launch import launch
+from . import tuning
+from .kernels_backward import _bi_ssd_bwd_kernel
+from .kernels_backward_pairs import _bi_ssd_bwd_pairs_kernel
+from .kernels_forward import _bi_ssd_fwd_kernel, _bi_ssd_fwd_pairs_kernel
+from .kernels_reductions import _bi_ssd_bwd_dt_kernel, _bi_ssd_grad_sums_kernel
+from .kernels_states import _bi_ssd_state_kernel
+from .tuning import BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, STATE_CONFIGS, cdiv
 from .validate import kernel_tile, validate_bi_ssd
 
-__all__ = ["bi_ssd_triton", "force_config", "FWD_CONFIGS", "BWD_CONFIGS", "STATE_CONFIGS", "PAIRS_CONFIGS"]
+__all__ = ["bi_ssd_triton"]
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_forced = {"fwd": None, "bwd": None, "state": None, "pairs": None, "seg": None, "split": None, "ordered": None,
-           "fwd_heads": None, "pairs_ahead": None, "fwd_ahead": None, "bwd_ahead": None}
-# "both" directions: the backward's segment kernel runs once per direction (the second launch adds to the first's
-# dx, dB, dC) instead of once with both directions in one program (fewer registers per program). "auto" (default):
-# two launches, except in BiMamba2 mode (SHARE) with headdim and d_state <= 64, where the one launch reuses the causal
-# direction's loads for the anti-causal one. Since the in-chunk pairs have their own kernel, one launch was faster on
-# an H200 at every detection shape (b32 L1600 h8 p32 n32: 1.296 vs 1.453 ms per fwd+bwd; b16 L1600 h8 p64 n64: 1.127
-# vs 1.200), two at the LM shape, p64 n128 (16.1 vs 21.5 ms): benchmarks/results/session10/sweep-cfg-split-*.txt.
-# "1" / "0": always / never.
-_SPLIT_DIRECTIONS = os.environ.get("YOLO_BIMAMBA_SPLIT_DIRECTIONS", "auto").strip().lower()
-_OFF = ("", "0", "false", "no")  # what the two switches above and below read as "no"
-# ngroups < nheads (BiMamba2 mode): the backward's segment kernel adds each head's dB, dC terms to the group's fp32 rows
-# in head order (ORDERED; one direction per launch) instead of writing per-head rows that the pairs kernel sums: the
-# per-head rows were the whole excess of the op's peak memory over 1.1x its I/O (benchmarks/memory_account.py). On an
-# H200 (bf16, YOLO_BIMAMBA_AUTOTUNE=0) the ordered rows took fwd+bwd peak memory / I/O from 1.37 to 1.02 at b16 L1600 h8
-# p64 n64 and from 1.74 to 0.87 at the LM shape, for 15 % and 13 % more GPU time (1.078 vs 0.938 ms, 15.37 vs
-# 13.63 ms; benchmarks/results/session20/kernels-h200-s20-ordered*.md), 8 % more at the detection layers' b32 L1600 h8
-# p32 n32 (1.288 vs 1.191 ms, ordinary launches). "0" (default): per-head rows, the faster; "1": ordered group rows
-_ORDERED_ROWS = os.environ.get("YOLO_BIMAMBA_ORDERED_ROWS", "0").strip().lower() not in _OFF
-# segment-parallel kernels: aim for about this many backward programs per streaming multiprocessor. 2 was faster than
-# 4 and 8 on an H200 at every shape of benchmarks/profile_gpu.py (fewer segments: a shorter state-kernel walk and fewer
-# boundary states), e.g. b16 L1600 h8 fwd+bwd 1.89 / 2.12 / 2.04 ms GPU time (benchmarks/results/prof-*.json)
-_PROGRAMS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_PROGRAMS_PER_SM", "2"))
-# the forward's in-chunk pairs kernel: at least this many programs per SM before it walks more than one head per
-# program (fwd_pairs_heads)
-_FWD_PAIRS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_FWD_PAIRS_PER_SM", "4"))
-# YOLO_BIMAMBA_AUTOTUNE=0: no autotuning (no compile of every config on first use); default_config's configs are used
-_AUTOTUNE = os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1") not in ("", "0")
-# ("pairs" is the backward's in-chunk pairs kernel, "fwd_pairs" the forward's, which force_config(pairs=) forces too;
-# the forward's runs 2 warps at every chunk size: in chunks of 64 on an H200, bf16, its CUDA time over three rounds,
-# 0.050 ms against 0.058-0.060 with 4 warps at b16 L1600 h8 p64 n64, 0.56-0.57 against 0.57-0.58 at the LM shape and
-# 0.33 against 0.45 there with one direction; benchmarks/results/session28)
-DEFAULT_CONFIGS = {"fwd": 2, "bwd": 0, "state": 3, "pairs": 0, "fwd_pairs": 0}
-# ... except the backward at headdim and d_state <= 32 (the detection models' shapes): there the two-stage config was
-# 7-10 % faster than config 0 on an H200 (benchmarks/results/session9/dedup-prof-f9c7dcb.json); at 64 it was 26 % slower
-DEFAULT_BWD_SMALL = 3
-# ... and the forward's state terms there: (BLOCK_Q 64, BLOCK_P 32) was faster than (64, 64) with its in-chunk pairs
-# kernel on an H200 (b32 L1600 h8 p32 n32: 1.153 vs 1.182 ms per fwd+bwd; b32 L400 h16: 0.578 vs 0.595;
-# benchmarks/results/session10/ab5-B-fwd-cfgs.json)
-DEFAULT_FWD_SMALL = 1
-# the backward's in-chunk pairs kernel in chunks of 64 rows (backward configs with BLOCK_Q 64): 4 warps
-# (PAIRS_CONFIGS[1]); on an H200 (bf16, the processed dt read as it is; benchmarks/results/session28) 0.182 ms at b16
-# L1600 h8 p64 n64 against 0.331 with 2 warps, and 0.295 against 0.424 at b32 L1600 h8 p32 n32 (where session 11's
-# kernel had been faster with 2)
-DEFAULT_PAIRS_Q64 = 1
-
-
-def default_config(which, kwargs) -> int:
-    """Index of the config that runs without autotuning (and under the interpreter, unless one is forced)."""
-    if which in ("bwd", "fwd") and max(kwargs["P"], kwargs["N"]) <= 32:
-        return DEFAULT_BWD_SMALL if which == "bwd" else DEFAULT_FWD_SMALL
-    if which == "pairs" and kwargs["BLOCK_Q"] >= 64:
-        return DEFAULT_PAIRS_Q64
-    return DEFAULT_CONFIGS[which]
-
-
-# test hook (interpreter only): run the autotuners, timed on the CPU, instead of the default configs
-_TUNE_IN_INTERPRETER = False
-
-
-def _cpu_bench(fn, quantiles=None, reps=2):
-    """The autotuners' timer under the interpreter (no CUDA events there): median wall time of ``reps`` calls."""
-    import time
-
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    med = sorted(times)[len(times) // 2]
-    return [med] * len(quantiles) if quantiles else med
-
-
-_BENCH = dict(do_bench=_cpu_bench) if _INTERPRET else {}
 # the backward's dot classes, each a keyword argument of the kernels naming an input precision (_dot_precisions)
 DOT_CLASSES = ("DOT_ST", "DOT_RD", "DOT_MID", "DOT_IN", "DOT_LO")
-_KEY = ["P", "N", "DO_F", "DO_B", "SHIFT", "SHARE", "HAS_D", "D_PER_P", "HAS_BIAS", "SOFTPLUS", "COMPUTE"]
-_PAIRS_KEY = [k for k in _KEY if k not in ("HAS_D", "D_PER_P")]  # (D is the segment kernels')
-_fwd_tuned = triton.autotune(configs=FWD_CONFIGS, key=[k for k in _KEY if k != "SHARE"] + ["AHEAD"],
-                             **_BENCH)(_bi_ssd_fwd_kernel)
-# the forward's in-chunk pairs add to the y the forward kernel wrote: timed on a copy restored after every timed call
-_fwd_pairs_tuned = triton.autotune(
-    configs=PAIRS_CONFIGS, key=_PAIRS_KEY + ["GROUPED", "BLOCK_Q", "BLOCK_P"],
-    restore_value=["y_ptr"], **_BENCH,
-)(_bi_ssd_fwd_pairs_kernel)
-# the backward adds to dx (and dB, dC) that an earlier launch wrote (ACC): the autotuner times each config on copies
-# restored after every timed call, so tuning never adds the same contribution twice
-_bwd_tuned = triton.autotune(
-    configs=BWD_CONFIGS,
-    key=_KEY + ["SEPARATE", "GRAD_PER_HEAD", "ORDERED", "ACC", "DOT_ST", "DOT_RD", "DOT_LO", "AHEAD"],
-    prune_configs_by={"early_config_prune": prune_bwd_configs},
-    restore_value=["dx_ptr", "dB_ptr", "dC_ptr", "cnt_ptr"], **_BENCH,
-)(_bi_ssd_bwd_kernel)
-# the in-chunk pairs add to what the segment kernel wrote: timed on copies restored after every timed call, as above
-_pairs_tuned = triton.autotune(
-    configs=PAIRS_CONFIGS,
-    key=_PAIRS_KEY + ["SEPARATE", "GRAD_PER_HEAD", "BLOCK_Q", "DOT_MID", "DOT_IN", "DOT_LO", "AHEAD"],
-    restore_value=["dx_ptr", "dB_ptr", "dC_ptr", "dBb_ptr", "dCb_ptr", "scr_ptr"], **_BENCH,
-)(_bi_ssd_bwd_pairs_kernel)
-_state_tuned = triton.autotune(
-    configs=STATE_CONFIGS, key=["P", "N", "GRAD", "DO_F", "DO_B", "SHIFT", "HAS_BIAS", "SOFTPLUS", "COMPUTE", "DOT_ST"],
-    **_BENCH,
-)(_bi_ssd_state_kernel)
 
 
-@contextlib.contextmanager
-def interpreter_autotune():
-    """Test hook: under the Triton interpreter, launch through the autotuners (every config timed on the CPU, the
-    tuning cache cleared first) instead of the default configs, so tuning itself is exercised off the GPU."""
-    global _TUNE_IN_INTERPRETER
-    old = _TUNE_IN_INTERPRETER
-    _TUNE_IN_INTERPRETER = True
-    for tuned in (_fwd_tuned, _bwd_tuned, _state_tuned, _pairs_tuned, _fwd_pairs_tuned):
-        tuned.cache.clear()
-    _chosen.clear()
-    try:
-        yield
-    finally:
-        _TUNE_IN_INTERPRETER = old
-
-
-@contextlib.contextmanager
-def force_config(fwd: int | None = None, bwd: int | None = None, state: int | None = None, seg: int | None = None,
-                 split: bool | None = None, pairs: int | None = None, ordered: bool | None = None,
-                 fwd_heads: int | None = None, pairs_ahead: int | None = None,
-                 fwd_ahead: int | None = None, bwd_ahead: int | None = None):
-    """Run the kernels with ``FWD_CONFIGS[fwd]`` / ``BWD_CONFIGS[bwd]`` / ``STATE_CONFIGS[state]`` /
-    ``PAIRS_CONFIGS[pairs]`` instead of
-    autotuning, with segments of ``seg`` rows (a multiple of ``SEG_MULTIPLE``), and (``split``) with the backward's
-    two directions in two launches (True) or one (False), (``ordered``) with dB, dC summed over a group's heads
-    in the segment kernel in head order (True; needs two launches) or per head (False), (``fwd_heads``) with that
-    many heads per program of the forward's in-chunk pairs kernel (at most a group's), (``pairs_ahead``) with the
-    backward's in-chunk pairs kernel's AHEAD bits (0-3: its docstring), (``fwd_ahead``) with the forward kernel's
-    (0-3), (``bwd_ahead``) with the backward segment kernel's (0-7). Arguments left ``None``
-    keep what an enclosing
-    ``force_config`` set (nested calls add to each other)."""
-    if seg is not None and (seg < SEG_MULTIPLE or seg % SEG_MULTIPLE):
-        raise ValueError(f"seg must be a positive multiple of {SEG_MULTIPLE}, got {seg}")
-    old = dict(_forced)
-    if fwd_heads is not None and fwd_heads < 1:
-        raise ValueError(f"fwd_heads must be >= 1, got {fwd_heads}")
-    for name, bits, top in (("pairs_ahead", pairs_ahead, 3), ("fwd_ahead", fwd_ahead, 3), ("bwd_ahead", bwd_ahead, 7)):
-        if bits is not None and bits not in range(top + 1):
-            raise ValueError(f"{name} must be one of 0-{top}, got {bits}")
-    given = dict(fwd=fwd, bwd=bwd, state=state, pairs=pairs, seg=seg, split=split, ordered=ordered,
-                 fwd_heads=fwd_heads, pairs_ahead=pairs_ahead, fwd_ahead=fwd_ahead, bwd_ahead=bwd_ahead)
-    _forced.update({k: v for k, v in given.items() if v is not None})
-    try:
-        yield
-    finally:
-        _forced.update(old)
-
-
-def _cdiv(a, b):
-    # host-side ceil division (triton.cdiv is a constexpr function: 7.7 us per call on the 2-core CI machine, about
-    # 13 calls per fwd+bwd)
-    return -(-a // b)
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index):
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def sm_count(device) -> int:
-    """Streaming multiprocessors the segments are cut for: the CUDA device's; 4 elsewhere (the interpreter)."""
-    if device.type != "cuda":
-        return 4
-    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def fwd_pairs_heads(b, g, heads_per_group, tiles, n, device) -> int:
-    """Heads per program of the forward's in-chunk pairs kernel (``tiles``: its headdim blocks x chunks): above 1 it
-    computes a chunk's C B^T once and walks its heads, loading each one head ahead (GROUPED). That pays where C B^T is
-    the larger product, at d_state (``n``) 128 and up: on an H200 (bf16, both directions) the kernel took 0.69 ms
-    instead of 1.06 at the LM shape (b8 L8192 h32 p64 n128, 32 heads per program), but 0.087 instead of 0.074 at
-    b16 L1600 h8 p64 n64 (its registers), and 0.088-0.098 against 0.093 at b32 L1600 h8 p32 n32
-    (benchmarks/results/session25). There, the whole group where that leaves at least ``_FWD_PAIRS_PER_SM`` programs
-    per SM, fewer heads (the group cut into equal blocks) where it does not; one head below d_state 128."""
-    if _forced["fwd_heads"] is not None:
-        return max(1, min(_forced["fwd_heads"], heads_per_group))
-    if kernel_tile(n) < 128:
-        return 1
-    per_group = b * g * tiles  # programs with a whole group each
-    blocks = max(1, min(heads_per_group, _cdiv(int(_FWD_PAIRS_PER_SM * sm_count(device)), per_group)))
-    return _cdiv(heads_per_group, blocks)
-
-
-def bwd_pairs_ahead() -> int:
-    """The backward's in-chunk pairs kernel's AHEAD bits (its docstring): the rows a head adds to loaded before its
-    products (2), at every headdim and d_state; its inputs one head ahead (1) are not loaded. On
-    an H200 (bf16, both directions, the pairs kernel's CUDA time, two rounds): 2 took b16 L1600 h8 p64 n64 from 0.162
-    to 0.148 ms and the LM shape (p64 n128) from 1.289 to 1.185, where 3 took 0.165 and 1.26 (the tiles held a head
-    ahead spill on sm_90: 640 bytes of stack against 192; benchmarks/results/session26). At b32 L1600 h8 p32 n32, 3
-    had been the faster before the processed dt was computed once (session 26); since, 2 is: 0.136 / 0.134 against
-    0.140 / 0.139 ms on an H200 (session 28), 0.136 / 0.137 against 0.141 / 0.141 on an H100, and 0.112 / 0.113
-    against 0.120 / 0.120 in one direction (benchmarks/results/session31)."""
-    forced = _forced["pairs_ahead"]
-    if forced is not None:
-        return forced
-    return 2
-
-
-def bwd_ahead_bits(p, n) -> int:
-    """The backward segment kernel's AHEAD bits (its docstring: which of a chunk's inputs besides dt are loaded one
-    chunk ahead; 1 B and C, 2 dz, 4 x) at headdim ``p`` and d_state ``n``: all of them (7) where headdim x d_state tiles
-    are at most 32 x 32 (triton_kernels.AHEAD_MAX_TILE; session 11), B, C and dz (3) up to 64 x 64, dz alone (2) above.
-    On an H200 (bf16, that kernel's CUDA time, default configs; benchmarks/results/session27), against dt alone (0):
-    at b16 L1600 h8 p64 n64 3 took it from 0.435 to 0.422 ms (both directions in one launch) and from 0.240 to 0.203
-    (one direction), where 2 took 0.428 / 0.220 and 7 0.453 / 0.218; at the LM shape (p64 n128, one launch per
-    direction) 2 took it from 6.95 to 6.85 ms, where 3 took 7.50 and 7 7.69 (the tiles held ahead spill)."""
-    forced = _forced["bwd_ahead"]
-    if forced is not None:
-        return forced
-    tile = kernel_tile(p) * kernel_tile(n)
-    return 7 if tile <= AHEAD_MAX_TILE.value else 3 if tile <= 64 * 64 else 2
-
-
-def fwd_ahead_bits(p, n) -> int:
-    """The forward kernel's AHEAD bits (its docstring: 1, a chunk's dt, x, C one chunk ahead; 2, the anti-causal pass
-    reads y before the chunk's products) at headdim ``p`` and d_state ``n``: both up to d_state 64, neither above. On
-    an H200 (bf16, both directions, that kernel's CUDA time, two rounds; benchmarks/results/session26): 3 took it from
-    0.110 to 0.106 ms at b16 L1600 h8 p64 n64 and from 0.136 to 0.124 at b32 L1600 h8 p32 n32; at the LM shape (d_state
-    128) bit 1 took 1.59 to 1.89 ms (the tiles held a chunk ahead spill: 560 bytes of stack on sm_90 against 264) and
-    bit 2 alone changed nothing (1.604)."""
-    forced = _forced["fwd_ahead"]
-    if forced is not None:
-        return forced
-    return 3 if kernel_tile(n) <= 64 else 0
-
-
-def segment_rows(b, h, L, device) -> int:
-    """Rows per program of the segment-parallel backward: enough segments for about
-    ``_PROGRAMS_PER_SM`` programs per SM, each a whole number of ``SEG_MULTIPLE`` rows."""
-    if _forced["seg"] is not None:
-        return _forced["seg"]
-    sms = sm_count(device)
-    blocks = _cdiv(L, SEG_MULTIPLE)
-    nseg = max(1, min(blocks, int(_PROGRAMS_PER_SM * sms) // (b * h)))
-    return SEG_MULTIPLE * _cdiv(blocks, nseg)
-
-
-# the config each autotuner chose, by (kernel, keyword arguments, dtypes of the arguments): a finer key than the
-# autotuner's own (its key names are among the keyword arguments; it adds every argument's dtype), so a later call
-# launches the config the autotuner would pick, without going through triton's Autotuner.run, which cost about 0.08 ms
-# of host time per launch on the H200 machine, a sixth of the op's host time at a detection model's shape
-# (benchmarks/results/profile/host-*.json); the op is host-bound there. Every launch then goes through ops.launch,
-# which also skips Triton's JITFunction.run once a specialisation is compiled
-_chosen: dict = {}
-_CHOSEN_MAX = 4096
-
-
-def _launch(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg=None):
-    """Launch with the forced, default, cached or tuned config (``cfg``: this one); returns the config it ran (None
-    where the autotuner ran but did not say which it chose)."""
-    if cfg is not None:
-        return _run_config(jit_fn, grid_fn, args, kwargs, cfg)
-    idx = _forced["pairs" if which == "fwd_pairs" else which]  # (pairs= forces both pairs kernels)
-    if idx is None and ((_INTERPRET and not _TUNE_IN_INTERPRETER) or not _AUTOTUNE):
-        # under the interpreter the tests force each config explicitly (interpreter_autotune() runs the tuners, timed
-        # on the CPU); without autotuning, the config that was fastest on an H200 at the detection shapes
-        idx = default_config(which, kwargs)
-    if idx is None:
-        key = (which, tuple(kwargs.items()), tuple(getattr(a, "dtype", None) for a in args))
-        cfg = _chosen.get(key)
+def _launch(jit_fn, tuner, configs, which, grid_fn, args, kwargs, cfg=None):
+    """Launch ``jit_fn`` with ``cfg``, else with the config :func:`tuning.config_for` names, else through ``tuner``
+    (the autotuner's first choice for these arguments); returns the config it ran (None where the autotuner ran and
+    did not say which it chose)."""
+    if cfg is None:
+        cfg = tuning.config_for(which, configs, args, kwargs)
         if cfg is None:
-            tuned_fn[grid_fn](*args, **kwargs)
-            best = getattr(tuned_fn, "best_config", None)  # absent where Autotuner.run is replaced (sm_90 recorder)
-            if best is not None:
-                if len(_chosen) >= _CHOSEN_MAX:
-                    _chosen.clear()
-                _chosen[key] = best
-            return best
-    else:
-        cfg = configs[idx]
+            return tuning.autotune(tuner, which, grid_fn, args, kwargs)
     return _run_config(jit_fn, grid_fn, args, kwargs, cfg)
 
 
@@ -384,16 +113,16 @@ def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias, s
     grad = dy is not None
     cdt = accumulation_dtype(x.dtype)
     if seg is None:
-        seg = segment_rows(b, h, l, x.device)
-    nseg = _cdiv(l, seg)
+        seg = tuning.segment_rows(b, h, l, x.device)
+    nseg = cdiv(l, seg)
     if nseg == 1:
         return seg, 1, _no_states(cdt, x.device)
     st = _alloc((b * h, 2, nseg - 1, n, p), cdt, x.device)
     # the states feed the backward's log-decay gradients, which need DOT_ST's accuracy; a forward-only call's dots keep
     # Triton's default (tf32), as the forward kernel's do (see the triton_kernels docstring)
     prec = _dot_precisions(x)["DOT_ST"] if grad or exact or x.dtype == torch.float64 else "tf32"
-    _launch(_bi_ssd_state_kernel, _state_tuned, STATE_CONFIGS, "state",
-            lambda meta: (b * h, _cdiv(p, meta["BLOCK_P"]), 2),
+    _launch(_bi_ssd_state_kernel, tuning.state_tuner, STATE_CONFIGS, "state",
+            lambda meta: (b * h, cdiv(p, meta["BLOCK_P"]), 2),
             (x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy if grad else x, st, l, h, g, seg, lo, hi),
             dict(P=p, N=n, BLOCK_N=kernel_tile(n), GRAD=grad, DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias,
                  SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype), DOT_ST=prec))
@@ -404,33 +133,6 @@ def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias, s
 # is (no bias, no softplus; limits that clamp nothing)
 _PROCESSED = dict(HAS_BIAS=False, SOFTPLUS=False)
 _PROCESSED_LIMITS = (float("-inf"), float("inf"))
-
-
-def _split_directions(p, n, share) -> bool:
-    """Whether the backward runs its two directions in two launches (see _SPLIT_DIRECTIONS)."""
-    if _SPLIT_DIRECTIONS in _OFF:
-        return False
-    if _SPLIT_DIRECTIONS == "auto":
-        return not (share and max(p, n) <= 64)
-    return True
-
-
-def _ordered_rows(per_head, separate, one_direction_per_launch) -> bool:
-    """Whether the backward sums dB, dC over each group's heads in the segment kernel (see _ORDERED_ROWS): with
-    ngroups < nheads, one dB / dC per direction pair (BiMamba2 mode, not Hydra's), and one direction per launch (in a
-    launch with both, a row gets terms in both passes, and one pass's turn would wait for a program that may not have
-    started)."""
-    wanted = _forced["ordered"]
-    if wanted is None:
-        wanted = _ORDERED_ROWS
-    return bool(wanted) and per_head and not separate and one_direction_per_launch
-
-
-# rows per step of the batch sums (_bi_ssd_grad_sums_kernel)
-_GRAD_SUM_ROWS = 16
-
-# the fewest rows per chunk of any backward config: the ORDERED counters' layout is cut for it
-_MIN_BWD_Q = min(c.kwargs["BLOCK_Q"] for c in BWD_CONFIGS)
 
 
 def _shares(opts, separate) -> bool:
@@ -473,16 +175,16 @@ class _BiSSDFn(torch.autograd.Function):
         args = (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, y, st, dtp, dtbp, l, h, g, seg, lo, hi)
         common = dict(P=p, N=n, BLOCK_N=kernel_tile(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias,
                       SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype))
-        used = _launch(_bi_ssd_fwd_kernel, _fwd_tuned, FWD_CONFIGS, "fwd",
-                       lambda meta: (b * h, _cdiv(p, meta["BLOCK_P"]), nseg), args,
-                       dict(common, HAS_D=has_d, D_PER_P=has_d and D.dim() == 2, AHEAD=fwd_ahead_bits(p, n),
+        used = _launch(_bi_ssd_fwd_kernel, tuning.fwd_tuner, FWD_CONFIGS, "fwd",
+                       lambda meta: (b * h, cdiv(p, meta["BLOCK_P"]), nseg), args,
+                       dict(common, HAS_D=has_d, D_PER_P=has_d and D.dim() == 2, AHEAD=tuning.fwd_ahead_bits(p, n),
                             STORE_DT=store_dt))
         # the in-chunk pairs, in the chunks and headdim blocks of the forward kernel's config
         q, bp = _chunk_tile(used, "forward")
         # (C B^T once per program, for each of its heads: fwd_pairs_heads)
-        heads = fwd_pairs_heads(b, g, h // g, _cdiv(p, bp) * _cdiv(l, q), n, x.device)
-        _launch(_bi_ssd_fwd_pairs_kernel, _fwd_pairs_tuned, PAIRS_CONFIGS, "fwd_pairs",
-                lambda meta: (b * g * _cdiv(h // g, heads), _cdiv(p, bp), _cdiv(l, q)),
+        heads = tuning.fwd_pairs_heads(b, g, h // g, cdiv(p, bp) * cdiv(l, q), n, x.device)
+        _launch(_bi_ssd_fwd_pairs_kernel, tuning.fwd_pairs_tuner, PAIRS_CONFIGS, "fwd_pairs",
+                lambda meta: (b * g * cdiv(h // g, heads), cdiv(p, bp), cdiv(l, q)),
                 (x, dtp, A, B, C, x, dtbp, Bb, Cb, y, l, h, g, heads, *_PROCESSED_LIMITS),
                 dict(common, **_PROCESSED, SHARE=_shares(opts, separate), GROUPED=heads > 1, BLOCK_Q=q, BLOCK_P=bp))
         ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd, dtp, None if dtbp is dtp else dtbp,
@@ -504,20 +206,14 @@ class _BiSSDFn(torch.autograd.Function):
         separate = dt_bwd is not None
         dtb, Bb, Cb = (dt_bwd, B_bwd, C_bwd) if separate else (dt, B, C)
         share = _shares(ctx.opts, separate)
-        split = _forced["split"]
         cdt = accumulation_dtype(x.dtype)
         # ngroups < nheads: the segment kernel's dB, dC as each group's rows in fp32, summed over its heads in head
-        # order (ordered: one direction per launch, so it takes two launches unless two are ruled out), or as per-head
-        # rows that the pairs kernel sums over each group's heads in fp32; the latter in the dtype of the buffers that
-        # are read back and added to (bf16 for bf16 inputs, as y and dx; fp32 for fp16 ones)
-        may_split = split if split is not None else _SPLIT_DIRECTIONS not in _OFF
-        ordered = _ordered_rows(g != h, separate, may_split or not (do_f and do_b))
-        if split is None:
-            split = ordered or _split_directions(p, n, share)
+        # order (ordered), or as per-head rows that the pairs kernel sums over each group's heads in fp32; the latter in
+        # the dtype of the buffers that are read back and added to (bf16 for bf16 inputs, as y and dx; fp32 for fp16)
+        split, ordered = tuning.backward_launches(p, n, share, g != h, separate, do_f and do_b)
         per_head = g != h and not ordered
         gdt = cdt if ordered else _acc_dtype(B.dtype)
         gshape = (b, l, h, n) if per_head else (b, l, g, n)
-        split = split and do_f and do_b
         dx = _alloc(x.shape, _acc_dtype(x.dtype), dev)
         ddt = _alloc(dt.shape, dt.dtype, dev)
         dB = _alloc(gshape, gdt, dev)
@@ -544,7 +240,7 @@ class _BiSSDFn(torch.autograd.Function):
         part_d = _alloc((b, h, nseg, p), cdt, dev)
         part = _alloc((b, h, 2), cdt, dev)
         # ORDERED: two ticket slots, then a counter per (batch * group, dB / dC, chunk), all zero
-        cnt = torch.zeros(2 + 2 * b * g * _cdiv(l, _MIN_BWD_Q), dtype=torch.int32, device=dev) if ordered else part
+        cnt = torch.zeros(2 + 2 * b * g * cdiv(l, tuning.MIN_BWD_Q), dtype=torch.int32, device=dev) if ordered else part
         common = dict(DO_F=do_f, DO_B=do_b, SHIFT=shift, **_PROCESSED, COMPUTE=compute_dtype(x.dtype))
 
         def args(gB, gC, gBb, gCb):
@@ -564,19 +260,19 @@ class _BiSSDFn(torch.autograd.Function):
             P=p, N=n, BLOCK_P=kernel_tile(p), BLOCK_N=kernel_tile(n), SEPARATE=separate,
             SHARE=share, HAS_D=has_d,
             D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head, ORDERED=ordered,
-            DOT_ST=dots["DOT_ST"], DOT_RD=dots["DOT_RD"], DOT_LO=dots["DOT_LO"], AHEAD=bwd_ahead_bits(p, n), **common,
+            DOT_ST=dots["DOT_ST"], DOT_RD=dots["DOT_RD"], DOT_LO=dots["DOT_LO"], AHEAD=tuning.bwd_ahead_bits(p, n), **common,
         )
         grid = lambda meta: (b * h, nseg)  # noqa: E731
-        bwd = functools.partial(_launch, _bi_ssd_bwd_kernel, _bwd_tuned, BWD_CONFIGS, "bwd", grid)
+        bwd = functools.partial(_launch, _bi_ssd_bwd_kernel, tuning.bwd_tuner, BWD_CONFIGS, "bwd", grid)
         # (the pairs kernel's own AHEAD replaces the segment kernel's)
         pkw = {k: v for k, v in kwargs.items() if k not in ("HAS_D", "D_PER_P", "DOT_ST", "DOT_RD", "ORDERED")}
-        pkw.update(DOT_MID=dots["DOT_MID"], DOT_IN=dots["DOT_IN"], AHEAD=bwd_pairs_ahead())
+        pkw.update(DOT_MID=dots["DOT_MID"], DOT_IN=dots["DOT_IN"], AHEAD=tuning.bwd_pairs_ahead())
 
         def pairs(used, gB, gC, gBb, gCb, oB, oC, oBb, oCb, **flags):
             # the in-chunk pairs, after the segment kernel of the same directions, in the same chunks (its BLOCK_Q);
             # one program per (batch * group, chunk)
             q = _chunk_tile(used, "backward")[0]
-            _launch(_bi_ssd_bwd_pairs_kernel, _pairs_tuned, PAIRS_CONFIGS, "pairs", lambda meta: (b * g, _cdiv(l, q)),
+            _launch(_bi_ssd_bwd_pairs_kernel, tuning.bwd_pairs_tuner, PAIRS_CONFIGS, "pairs", lambda meta: (b * g, cdiv(l, q)),
                     (x, dtp, A, B, C, x, dtbp, Bb, Cb, dy, dx, gB, gC, gBb, gCb, oB, oC, oBb, oCb, scr, l, h, g,
                      *_PROCESSED_LIMITS),
                     {**pkw, **flags, "BLOCK_Q": q})
@@ -607,7 +303,7 @@ class _BiSSDFn(torch.autograd.Function):
             pairs(used, dB, dC, dBb, dCb, gB, gC, gBb, gCb)
         launch(_bi_ssd_bwd_dt_kernel, (b * h,), (dt, A, bias_arg, dtb, ddt, ddtb, scr, part, l, h, lo, hi),
                dict(DO_F=do_f, DO_B=do_b, SEPARATE=separate, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
-                    COMPUTE=compute_dtype(x.dtype), BLOCK_Q=PASS_C_ROWS))
+                    COMPUTE=compute_dtype(x.dtype), BLOCK_Q=tuning.PASS_C_ROWS))
 
         # dA, d dt_bias, dD: the partials summed over the batch (and segments) in one launch, in a fixed order
         dA = _alloc(A.shape, A.dtype, dev)
@@ -615,7 +311,7 @@ class _BiSSDFn(torch.autograd.Function):
         dD = _alloc(D.shape, D.dtype, dev) if has_d else None
         launch(_bi_ssd_grad_sums_kernel, (h,), (part, part_d, dA, dA if ddt_bias is None else ddt_bias,
                                                 dA if dD is None else dD, b, h, nseg),
-               dict(P=p, BLOCK_P=kernel_tile(p), BLOCK_R=_GRAD_SUM_ROWS, HAS_BIAS=has_bias, HAS_D=has_d,
+               dict(P=p, BLOCK_P=kernel_tile(p), BLOCK_R=tuning.GRAD_SUM_ROWS, HAS_BIAS=has_bias, HAS_D=has_d,
                     D_PER_P=has_d and D.dim() == 2, COMPUTE=compute_dtype(x.dtype), num_warps=1))
         grads = [dx.to(x.dtype), ddt, dA, gB, gC, dD, ddt_bias]
         if separate:
