@@ -71,7 +71,7 @@ def _variants():
         ("p64n128-both-ordered", 64, 128, 1, 8, dict(both, ordered=True), ("bf16",), t2),
         ("p64n128-both", 64, 128, 1, 8, both, ("fp32", "bf16"), t1),
         ("p128n128-both", 128, 128, 1, 4, both, ("fp32", "bf16"), t1),
-        # 256 fits only for 16-bit inputs, with the other size at most 64 (validate.triton_dims_supported)
+        # 256 fits only for 16-bit inputs, with the other size at most 64 (ops.bi_ssd.api.triton_dims_supported)
         ("p64n256-both", 64, 256, 1, 8, both, ("bf16",), t2),
         ("p256n64-both", 256, 64, 1, 4, both, ("bf16",), t2),
         ("p64n64-hydra", 64, 64, 1, 8, hydra, ("bf16",), t2),

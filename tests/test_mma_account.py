@@ -16,7 +16,7 @@ mma_account = benchmark_script.load("mma_account")
 
 from yolo_bimamba.ops.bi_ssd import tuning  # noqa: E402
 from yolo_bimamba.ops.bi_ssd.tuning import FWD_CONFIGS, STATE_CONFIGS  # noqa: E402
-from yolo_bimamba.ops.bi_ssd.validate import kernel_tile  # noqa: E402
+from yolo_bimamba.ops.bi_ssd.api import kernel_tile  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU check under the interpreter")
 

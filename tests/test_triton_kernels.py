@@ -1049,10 +1049,10 @@ def test_kernels_after_the_forward_kernel_read_its_processed_dt(monkeypatch, opt
 
 def test_sizes_beyond_the_kernels_are_refused_before_launch():
     """headdim / d_state the kernels cannot hold in shared memory (measured for sm_90, see
-    validate.triton_dims_supported): backend="triton" raises a ValueError naming both sizes, before any launch;
+    api.triton_dims_supported): backend="triton" raises a ValueError naming both sizes, before any launch;
     backend="auto" falls back to the PyTorch op there."""
     from yolo_bimamba.ops.bi_ssd.api import auto_picks_triton
-    from yolo_bimamba.ops.bi_ssd.validate import triton_dims_supported
+    from yolo_bimamba.ops.bi_ssd.api import triton_dims_supported
 
     assert triton_dims_supported(128, 128, torch.float32) and triton_dims_supported(100, 33, torch.float32)
     assert triton_dims_supported(64, 256, torch.bfloat16) and triton_dims_supported(256, 48, torch.bfloat16)

@@ -35,7 +35,7 @@ from torch import nn
 
 from ..ops.backend_choice import graph_tracing
 
-__all__ = ["run", "enabled", "graphed_shapes", "summary", "MAX_SHAPES"]
+__all__ = ["run", "may_replay", "enabled", "graphed_shapes", "summary", "MAX_SHAPES"]
 
 MAX_SHAPES = 4  # input shapes per layer kept as graphs (training uses one or two: full batches and the last one)
 WARMUP = 2  # eager fwd+bwd runs before a capture: the Triton kernels compile and autotune there, not in the capture
@@ -81,8 +81,14 @@ def _hooked(layer: nn.Module) -> bool:
                for s in layer.modules())
 
 
+def may_replay(layer: nn.Module, x: torch.Tensor) -> bool:
+    """The cheap part of the test whether :func:`run` may replay a graph: CUDA training with replay on. Layers call
+    the eager forward themselves where it fails (inference, CPU, no gradients)."""
+    return enabled() and x.is_cuda and layer.training and torch.is_grad_enabled()
+
+
 def _usable(layer: nn.Module, x: torch.Tensor, params) -> bool:
-    if not (enabled() and x.is_cuda and layer.training and torch.is_grad_enabled()):
+    if not may_replay(layer, x):
         return False
     if graph_tracing() or torch.cuda.is_current_stream_capturing():
         return False

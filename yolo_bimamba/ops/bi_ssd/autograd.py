@@ -22,7 +22,7 @@ from .kernels_forward import _bi_ssd_fwd_kernel, _bi_ssd_fwd_pairs_kernel
 from .kernels_reductions import _bi_ssd_bwd_dt_kernel, _bi_ssd_grad_sums_kernel
 from .kernels_states import _bi_ssd_state_kernel
 from .tuning import BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, STATE_CONFIGS, cdiv
-from .validate import kernel_tile, validate_bi_ssd
+from .api import kernel_tile, validate_bi_ssd
 
 __all__ = ["bi_ssd_triton"]
 

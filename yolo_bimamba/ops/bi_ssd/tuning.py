@@ -21,7 +21,7 @@ from .kernels_backward_pairs import _bi_ssd_bwd_pairs_kernel
 from .kernels_common import AHEAD_MAX_TILE
 from .kernels_forward import _bi_ssd_fwd_kernel, _bi_ssd_fwd_pairs_kernel
 from .kernels_states import _bi_ssd_state_kernel
-from .validate import kernel_tile
+from .api import kernel_tile
 
 __all__ = ["force_config", "interpreter_autotune", "FWD_CONFIGS", "BWD_CONFIGS", "STATE_CONFIGS", "PAIRS_CONFIGS"]
 
