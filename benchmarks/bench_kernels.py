@@ -453,14 +453,14 @@ def _main(a, argv):
                 date=time.strftime("%Y-%m-%d %H:%M:%S"), host_python=platform.python_version(),
                 forced_configs=a.force_configs)
     if a.triton_backend == "triton":
-        from yolo_bimamba.ops.bi_ssd import kernels as tk
-        from yolo_bimamba.ops.bi_ssd import tuning
+        from yolo_bimamba import config
+        from yolo_bimamba.ops.bi_ssd import tuning as tk
 
         meta["configs"] = {name: [dict(c.kwargs, num_warps=c.num_warps) for c in cfgs] for name, cfgs in
                            (("fwd", tk.FWD_CONFIGS), ("bwd", tk.BWD_CONFIGS), ("state", tk.STATE_CONFIGS),
                             ("pairs", tk.PAIRS_CONFIGS))}
-        meta["programs_per_sm"] = tuning._PROGRAMS_PER_SM
-        meta["split_directions"] = tuning._SPLIT_DIRECTIONS  # "auto", "1" or "0"
+        meta["programs_per_sm"] = config.PROGRAMS_PER_SM
+        meta["split_directions"] = config.SPLIT_DIRECTIONS  # "auto", "1" or "0"
     print(json.dumps(meta), flush=True)
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -121,6 +121,7 @@ def kernels(args):
     from bench_kernels import _enter_package_without_glue
 
     _enter_package_without_glue()
+    from yolo_bimamba import config
     from yolo_bimamba.ops.bi_ssd import autograd, tuning
 
     shapes = [  # (name, b, L, h, p, n)
@@ -158,7 +159,7 @@ def kernels(args):
                     for ba in ints(getattr(args, "bwd_ahead", ""))]
         orig_prec = autograd._dot_precisions
         for direction, pps, prec, cfg, split, fcfg, scfg, pcfg, fh, pa, fa, ba in variants:
-            tuning._PROGRAMS_PER_SM = pps
+            config.PROGRAMS_PER_SM = pps
             if prec:
                 autograd._dot_precisions = lambda x, prec=prec: dict(zip(autograd.DOT_CLASSES, prec.split(",")))
             else:
@@ -199,7 +200,7 @@ def kernels(args):
         autograd._dot_precisions = orig_prec
         del x, call
         torch.cuda.empty_cache()
-    tuning._PROGRAMS_PER_SM = 4.0
+    config.PROGRAMS_PER_SM = 4.0
     return out
 
 

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from yolo_bimamba import config
 from yolo_bimamba.ops import launch as L
 from yolo_bimamba.ops.bi_ssd import autograd
 
@@ -124,7 +125,7 @@ def test_direct_launch_switch_and_check_read_from_the_environment():
     import subprocess
     import sys
 
-    code = "from yolo_bimamba.ops import launch as L; print(L.DIRECT, L.CHECK)"
+    code = "from yolo_bimamba import config; print(config.DIRECT_LAUNCH, config.CHECK_LAUNCH)"
     env = dict(__import__("os").environ, YOLO_BIMAMBA_DIRECT_LAUNCH="0", YOLO_BIMAMBA_CHECK_LAUNCH="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "True"]
@@ -191,8 +192,8 @@ def test_direct_launch_logic_with_a_cuda_stand_in(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1234, raising=False)
-    monkeypatch.setattr(L, "DIRECT", True)
-    monkeypatch.setattr(L, "CHECK", False)
+    monkeypatch.setattr(config, "DIRECT_LAUNCH", True)
+    monkeypatch.setattr(config, "CHECK_LAUNCH", False)
     fn = _FakeJit(autograd._bi_ssd_bwd_dt_kernel)
     buf = torch.zeros(80)
     x = buf[:64].as_subclass(CudaStandIn)

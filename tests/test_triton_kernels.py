@@ -12,6 +12,7 @@ import torch  # noqa: E402
 
 triton = pytest.importorskip("triton")
 
+from yolo_bimamba import config  # noqa: E402
 from yolo_bimamba.ops import bi_ssd, bi_ssd_reference  # noqa: E402
 from yolo_bimamba.ops.bi_ssd import autograd, tuning  # noqa: E402
 from yolo_bimamba.ops import kernel_buffers  # noqa: E402
@@ -851,13 +852,13 @@ def test_ordered_group_rows_rule(monkeypatch):
             run_triton(args, kw, dy, poison=False)
         return [(o, ph) for o, ph, *_ in launched]
 
-    assert tuning._ORDERED_ROWS is False
+    assert config.ORDERED_ROWS is False
     assert run() == [(False, True)]  # the default: per-head rows, one launch (BiMamba2 mode at these sizes)
     assert run(ordered=True) == [(True, False)] * 2
     assert run(ordered=True, split=False) == [(False, True)]
     assert run(ordered=True, g=4) == [(False, False)]  # one head per group: nothing to sum, one launch
     assert run(ordered=True, sep=True) == [(False, True)] * 2  # Hydra: per-head rows (two launches at its sizes)
-    monkeypatch.setattr(tuning, "_ORDERED_ROWS", True)
+    monkeypatch.setattr(config, "ORDERED_ROWS", True)
     assert run() == [(True, False)] * 2
 
 
@@ -1138,12 +1139,12 @@ def test_split_directions_rule(monkeypatch):
     """Default ("auto"): one backward launch for BiMamba2 mode at headdim and d_state <= 64, two otherwise; the
     environment's "0" / "1" force one / two."""
     rule = tuning._split_directions
-    monkeypatch.setattr(tuning, "_SPLIT_DIRECTIONS", "auto")
+    monkeypatch.setattr(config, "SPLIT_DIRECTIONS", "auto")
     assert not rule(32, 32, True) and not rule(16, 24, True) and not rule(64, 64, True) and not rule(64, 32, True)
     assert rule(64, 128, True) and rule(128, 64, True) and rule(32, 32, False) and rule(64, 64, False)
-    monkeypatch.setattr(tuning, "_SPLIT_DIRECTIONS", "0")
+    monkeypatch.setattr(config, "SPLIT_DIRECTIONS", "0")
     assert not rule(64, 64, False)
-    monkeypatch.setattr(tuning, "_SPLIT_DIRECTIONS", "1")
+    monkeypatch.setattr(config, "SPLIT_DIRECTIONS", "1")
     assert rule(32, 32, True)
 
 

@@ -513,8 +513,10 @@ def test_autotuned_first_call(dtype):
     to = _op_module()
     if to is None:
         pytest.skip("autotuning belongs to the triton backend")
-    old = to._AUTOTUNE
-    to._AUTOTUNE = True
+    from yolo_bimamba import config
+
+    old = config.AUTOTUNE
+    config.AUTOTUNE = True
     for tuned in (to.fwd_tuner, to.bwd_tuner, to.state_tuner, to.bwd_pairs_tuner, to.fwd_pairs_tuner):
         tuned.cache.clear()
     to._chosen.clear()
@@ -523,7 +525,7 @@ def test_autotuned_first_call(dtype):
                       extra={"shift": True} if dtype == torch.float32 else {})
         assert to._chosen, "the tuned configs were not kept for the second call"
     finally:
-        to._AUTOTUNE = old
+        config.AUTOTUNE = old
 
 
 # launches after the first of a specialisation: the kept compiled kernel, without Triton's JITFunction.run ------

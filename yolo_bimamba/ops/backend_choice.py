@@ -3,7 +3,6 @@ traced or exported, whether the Triton kernels may run for a call, and forcing o
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 
@@ -33,10 +32,10 @@ def graph_tracing() -> bool:
                                              for f in ("is_compiling", "is_exporting")))
 
 
-def triton_usable(kernels_module: str, env_var: str | None = None) -> bool:
-    """"auto" may run the kernels: not switched off by ``env_var=0`` (when the op has such a switch), no graph being
-    traced or exported, and the kernel module (hence Triton) imports."""
-    if (env_var is not None and os.environ.get(env_var, "1") == "0") or graph_tracing():
+def triton_usable(kernels_module: str, switch=None) -> bool:
+    """"auto" may run the kernels: not switched off (``switch``: the op's config function, e.g. config.fused_conv,
+    when the op has such a switch), no graph being traced or exported, and the kernel module (hence Triton) imports."""
+    if (switch is not None and not switch()) or graph_tracing():
         return False
     try:
         import importlib

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import config
 from .backend_choice import ForcedConfig, runs_triton, triton_usable
 from .kernel_buffers import accumulation_dtype, alloc, compute_dtype
 from .launch import launch
@@ -42,7 +43,7 @@ def validate_gated_rmsnorm(x, z, weight) -> None:
 
 
 def _triton_ok() -> bool:
-    return triton_usable("yolo_bimamba.ops.gated_norm_kernels", "YOLO_BIMAMBA_FUSED_NORM")
+    return triton_usable("yolo_bimamba.ops.gated_norm_kernels", config.fused_norm)
 
 
 def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, *,

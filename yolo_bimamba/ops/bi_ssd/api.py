@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 
+from ... import config
 from ..backend_choice import graph_tracing, triton_usable
 from .torch_backend import bi_ssd_torch
 
@@ -163,13 +163,8 @@ def _runs_triton(x: torch.Tensor, headdim: int, dstate: int, backend: str) -> bo
 
 
 # The mixers (BiMamba2, Hydra) run the Triton kernels in bf16 when their inputs are fp16 (fp16 AMP, Ultralytics'
-# default amp=True) on a GPU with bf16 tensor cores: the kernels' fp16 path needs tf32x3 state dots and fp32 buffers,
-# and takes 1.5-1.8x the GPU time of the bf16 path. "fp16" keeps fp16 scans.
-FP16_SCAN = os.environ.get("YOLO_BIMAMBA_FP16_SCAN", "bf16").strip().lower()
-if FP16_SCAN not in ("bf16", "fp16"):
-    raise ValueError(f"YOLO_BIMAMBA_FP16_SCAN must be 'bf16' or 'fp16', got {FP16_SCAN!r}")
-
-
+# default amp=True) on a GPU with bf16 tensor cores (config.FP16_SCAN "bf16", the default): the kernels' fp16 path needs
+# tf32x3 state dots and fp32 buffers, and takes 1.5-1.8x the GPU time of the bf16 path. "fp16" keeps fp16 scans.
 @functools.lru_cache(maxsize=None)
 def _has_bf16_tensor_cores(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 8
@@ -177,14 +172,14 @@ def _has_bf16_tensor_cores(device_index: int) -> bool:
 
 def _scan_dtype(x: torch.Tensor, triton: bool) -> torch.dtype:
     """The dtype a mixer's scan runs in, given the backend decision (see :func:`mixer_scan_dtype`)."""
-    if not triton or x.dtype is not torch.float16 or not x.is_cuda or FP16_SCAN != "bf16" or graph_tracing():
+    if not triton or x.dtype is not torch.float16 or not x.is_cuda or config.FP16_SCAN != "bf16" or graph_tracing():
         return x.dtype
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     return torch.bfloat16 if _has_bf16_tensor_cores(dev) else x.dtype
 
 
 def mixer_scan_dtype(x: torch.Tensor, headdim: int, dstate: int, backend: str = "auto") -> torch.dtype:
-    """The dtype in which a mixer runs the scan of its inputs x (see FP16_SCAN): x's own, except fp16 CUDA inputs
+    """The dtype in which a mixer runs the scan of its inputs x (YOLO_BIMAMBA_FP16_SCAN: config.FP16_SCAN): x's own, except fp16 CUDA inputs
     that the Triton kernels take, on a GPU with bf16 tensor cores: bf16 (the same exponent range as fp32, so an fp16
     value or loss-scaled gradient never overflows there; 8 instead of 11 significant bits, as in bf16 AMP). Never
     while a graph is traced or exported (the scan then runs the PyTorch op, in x's dtype)."""

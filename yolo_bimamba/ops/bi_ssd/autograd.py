@@ -67,19 +67,17 @@ def _dot_precisions(x):
             gradients: exact in tf32 for 16-bit inputs, and in bf16 for bf16 ones;
     DOT_LO  dots that feed only dx, dB, dC.
     bf16 inputs: the operand of a state dot that is not a loaded input is split into three bf16 parts ("bf16x3a/b", see
-    triton_kernels._dot): fp32 accuracy at half the cost of tf32x3. Two parts (2^-17) made dA 30 times less accurate on
-    an H200 at L = 65536 with fast decays (0.35 relative error), and plain tf32 (2^-11) 70 times under emulation
-    (tests/test_tf32_precision.py). The rest runs in bf16, whose rounding is that of the 16-bit outputs."""
+    kernels_common._dot): fp32 accuracy at half the cost of tf32x3 (two parts, 2^-17, or plain tf32 are not accurate
+    enough for dA at long sequences with fast decays: tests/test_tf32_precision.py). The rest runs in bf16, whose
+    rounding is that of the 16-bit outputs."""
     if x.dtype == torch.float64:
         return dict.fromkeys(DOT_CLASSES, "ieee")
     if x.dtype == torch.bfloat16:
         return dict(DOT_ST="bf16x3a", DOT_RD="bf16x3b", DOT_MID="bf16", DOT_IN="bf16", DOT_LO="bf16")
     if x.dtype == torch.float16:
         # fp16 values are not bf16 values (no exact operand for a bf16 split): tf32x3 state dots, the rest in tf32
-        # (exact on two fp16 inputs), the in-chunk products too, as for fp32 inputs (tf32x3 there was 1.5 % slower on
-        # an H200; fp16 tensor-core dots of two inputs 1 % slower than tf32: benchmarks/results/session12/). No bf16
-        # dots: next to tf32 ones in this kernel they hit an illegal memory access on an H200 (Triton 3.6) while
-        # autotuning fp16 AMP training. fp16 inputs take 1.5-1.8x the GPU time of bf16 ones (the state dots)
+        # (exact on two fp16 inputs), the in-chunk products too; no bf16 dots next to tf32 ones (Triton 3.6 miscompiled
+        # that mix). fp16 inputs take 1.5-1.8x the GPU time of bf16 ones (the state dots)
         return dict(DOT_ST="tf32x3", DOT_RD="tf32x3", DOT_MID="tf32", DOT_IN="tf32", DOT_LO="tf32")
     return dict(DOT_ST="tf32x3", DOT_RD="tf32x3", DOT_MID="tf32", DOT_IN="tf32x3", DOT_LO="tf32")
 
@@ -101,7 +99,7 @@ def _no_states(dtype, device):
 
 def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias, seg=None, exact=False):
     """(segment rows, number of segments, states at the boundaries between segments), shape (b*h, 2, nseg - 1, n, p)
-    (triton_kernels._entry_state).
+    (kernels_common._entry_state).
 
     dy None (forward): S_f, S_b; dy given (backward): dS_b, dS_f. One segment has none (no state kernel launch; the
     kernels start from zero states and are passed a stand-in that they never read). ``seg``: the forward's segment
@@ -119,7 +117,7 @@ def _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, dy, opts, has_bias, s
         return seg, 1, _no_states(cdt, x.device)
     st = _alloc((b * h, 2, nseg - 1, n, p), cdt, x.device)
     # the states feed the backward's log-decay gradients, which need DOT_ST's accuracy; a forward-only call's dots keep
-    # Triton's default (tf32), as the forward kernel's do (see the triton_kernels docstring)
+    # Triton's default (tf32), as the forward kernel's do (see the kernels_common docstring)
     prec = _dot_precisions(x)["DOT_ST"] if grad or exact or x.dtype == torch.float64 else "tf32"
     _launch(_bi_ssd_state_kernel, tuning.state_tuner, STATE_CONFIGS, "state",
             lambda meta: (b * h, cdiv(p, meta["BLOCK_P"]), 2),
@@ -137,7 +135,7 @@ _PROCESSED_LIMITS = (float("-inf"), float("inf"))
 
 def _shares(opts, separate) -> bool:
     """Both directions with the same dt, B, C and no shift (BiMamba2, not Hydra): the kernels then do the in-chunk
-    pairs of both directions in one tile (triton_kernels._pair_decay), in the causal direction's code, and the
+    pairs of both directions in one tile (kernels_common._pair_decay), in the causal direction's code, and the
     anti-causal direction's code only its state terms."""
     _softplus, _lo, _hi, do_f, do_b, shift = opts
     return do_f and do_b and not shift and not separate

@@ -204,9 +204,8 @@ def _bi_ssd_bwd_kernel(
     else:
         Sb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     dD_acc = tl.zeros((BLOCK_P,), dtype=COMPUTE)
-    # a chunk's dt is loaded one chunk ahead of its use in both passes, and its other inputs as AHEAD says (where they
-    # were used, their loads were a third of the kernel's stalls on an H200: dt first, which every other input waits on
-    # through the decays)
+    # a chunk's dt is loaded one chunk ahead of its use in both passes, and its other inputs as AHEAD says (loaded at
+    # their use, the loads stall the kernel: dt first, which every other input waits on through the decays)
     OWN_B: tl.constexpr = DO_B and not (SHARE and DO_F)  # the anti-causal direction loads its own dt, B, C, dz
     X_AHEAD: tl.constexpr = AHEAD >= 4
     # pass A has no dC terms of its own when the anti-causal direction does not run here or keeps its dC apart
@@ -215,8 +214,7 @@ def _bi_ssd_bwd_kernel(
     FRESH_C: tl.constexpr = DO_F and (SEPARATE or not DO_B) and (not ACC) and (not ORDERED)
     # a launch of the anti-causal direction alone, above the tiles loaded ahead, loads the dB rows it adds to in pass B
     # where it adds them: held through the chunk's dots they were most of its spills at headdim 64 x d_state 128 on
-    # sm_90 (74 spill loads and stores per chunk, 18 after); with both directions in one launch there was nothing to
-    # spill and the early load stays (loaded late, the H200 took 3 % longer at b16 L1600 h8 p64 n64)
+    # sm_90; with both directions in one launch there is nothing to spill and the early load stays (faster there)
     LATE_DB: tl.constexpr = (not DO_F) and (BLOCK_P * BLOCK_N > AHEAD_MAX_TILE)
     rows_n = (c1 - 1) * BLOCK_Q + offs_q
     x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, X_AHEAD)
@@ -322,8 +320,7 @@ def _bi_ssd_bwd_kernel(
         x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, X_AHEAD)
         g_off = go + rows[:, None] * gstride + offs_n[None, :]
         # the rows this pass adds to (written by pass A or by an earlier launch) are loaded before the chunk's dots,
-        # which hide the loads' latency (loaded where they are added, they were a fifth of the kernel's stalls on an
-        # H200); a scratch slot 3 row is always minus the slot 2 row, so only slot 2 is read
+        # which hide the loads' latency; a scratch slot 3 row is always minus the slot 2 row, so only slot 2 is read
         if DO_F:
             if (not ORDERED) and (not FRESH_C):  # (ORDERED: loaded in its turn)
                 dC_old = tl.load(dC_ptr + g_off, mask=m_bn, other=0.0)

@@ -252,9 +252,8 @@ def _store_group_sums(oB_ptrs, oC_ptrs, B_ptrs, C_ptrs, pB_ptrs, pC_ptrs, n_part
 @triton.jit
 def _parts_sum(ptrs, n_parts, stride, mask, COMPUTE: tl.constexpr):
     """sum_j ptrs[j * stride] (j < n_parts, at least 1) in fp32, added in order, in the layout the rows are loaded in:
-    added to the product of another layout, each part cost a trip through shared memory, one after the other (a
-    fifth of the pairs kernel's stall samples on an H200, benchmarks/results/session27); two parts' loads are issued
-    together."""
+    added to the product of another layout, each part would cost a trip through shared memory, one after the other;
+    two parts' loads are issued together."""
     acc = tl.load(ptrs, mask=mask, other=0.0).to(COMPUTE)
     for j in range(1, n_parts, 2):
         two = j + 1 < n_parts

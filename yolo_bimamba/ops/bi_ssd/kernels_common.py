@@ -32,17 +32,16 @@ counters: every output element is written by exactly one program per launch, so 
 """
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
+from ... import config
 from .reference import LOG_DECAY_FLOOR as _LOG_DECAY_FLOOR
 
 # the Triton interpreter miscomputes bf16 (numpy has no bf16): there, a "bf16" dot rounds its fp32 operands to bf16
 # values (round to nearest even, on the bits) and multiplies them in fp32, which is what a bf16 tensor-core dot with
 # fp32 accumulation computes
-_EMULATE_BF16 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
+_EMULATE_BF16 = tl.constexpr(config.triton_interpret())
 
 
 @triton.jit
@@ -128,7 +127,7 @@ def _process_dt(raw, bias, dt_lo, dt_hi, SOFTPLUS: tl.constexpr):
     else:
         sp = v
         dsp = tl.full(v.shape, 1.0, v.dtype)
-    inside = (sp > dt_lo) & (sp < dt_hi)  # gradient 0 at the bounds, as ops.reference.clamp_ste
+    inside = (sp > dt_lo) & (sp < dt_hi)  # gradient 0 at the bounds, as reference.clamp_ste
     dtv = tl.minimum(tl.maximum(sp, dt_lo), dt_hi)
     return dtv, tl.where(inside, dsp, 0.0)
 
@@ -186,13 +185,13 @@ def _last(v, offs_q, BLOCK_Q: tl.constexpr):
     return tl.sum(tl.where(offs_q == BLOCK_Q - 1, v, 0.0), 0)
 
 
-# Floor of one step's log-decay dt * A (see ops.reference.LOG_DECAY_FLOOR; the chunked PyTorch op has it too).
+# Floor of one step's log-decay dt * A (see reference.LOG_DECAY_FLOOR; the chunked PyTorch op has it too).
 # Without it, steps of dt A ~ -1e4 make the in-chunk cumsums ~ -6e5, whose fp32 spacing (0.06) shows up as 6 %
 # errors in the decays of nearby small steps, and pass C multiplies by A the rounding noise of the telescoped
 # log-decay gradient at such a step (whose true value is 0 in fp32).
 LOG_DECAY_FLOOR = tl.constexpr(_LOG_DECAY_FLOOR)
 # headdim x d_state up to which the backward's segment kernel loads every input of a chunk one chunk ahead
-# (triton_op.bwd_ahead_bits); above it, a launch of the segment kernel's anti-causal direction alone loads its dB rows
+# (tuning.bwd_ahead_bits); above it, a launch of the segment kernel's anti-causal direction alone loads its dB rows
 # late (LATE_DB)
 AHEAD_MAX_TILE = tl.constexpr(32 * 32)
 

@@ -277,12 +277,11 @@ def _bi_ssd_fwd_pairs_kernel(
     direction's pairs inside the chunk (with SHARE both in one tile) to the y that _bi_ssd_fwd_kernel (same BLOCK_Q:
     the same chunks) wrote with the pairs across chunks and D x. One program per (batch * group * block of HEADS heads
     of the group, block of headdim, chunk):
-      GROUPED=False (HEADS = 1): the head's x, dt, B, C loaded together, then the products (y loaded with them was
-        slower on an H200: 0.060 against 0.054 ms at b16 L1600 h8 p64 n64, one direction; benchmarks/results/session26);
+      GROUPED=False (HEADS = 1): the head's x, dt, B, C loaded together, then the products (y after them);
       GROUPED=True: C B^T, the same for every head of a group, computed once; the program walks its heads, loading
         each head's x, y and dt one head ahead of their use (the first head's with B and C), so that no load waits on
         the product before it. Its registers (255 on sm_90 at 64 x 64 tiles, against 168) cost more than the products
-        it saves at d_state 64 and below (triton_op.fwd_pairs_heads says where it runs).
+        it saves at d_state 64 and below (tuning.fwd_pairs_heads says where it runs).
     The result does not depend on GROUPED or HEADS (each head's arithmetic is the same)."""
     pid = tl.program_id(0)
     pid_p = tl.program_id(1)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 
 import torch
 import triton
 
+from ... import config
 from .kernels_backward import _bi_ssd_bwd_kernel
 from .kernels_backward_pairs import _bi_ssd_bwd_pairs_kernel
 from .kernels_common import AHEAD_MAX_TILE
@@ -99,23 +99,6 @@ def default_config(which, kwargs) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Environment (read at import)
-# ---------------------------------------------------------------------------------------------
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-# "auto": one backward launch for both directions in BiMamba2 mode up to headdim and d_state 64, two otherwise;
-# "1" / "0": always two / always one
-_SPLIT_DIRECTIONS = os.environ.get("YOLO_BIMAMBA_SPLIT_DIRECTIONS", "auto").strip().lower()
-_OFF = ("", "0", "false", "no")  # what the two switches above and below read as "no"
-# ngroups < nheads: dB, dC summed over a group's heads in the segment kernel, in head order (less memory, slower)
-_ORDERED_ROWS = os.environ.get("YOLO_BIMAMBA_ORDERED_ROWS", "0").strip().lower() not in _OFF
-# segment-parallel kernels: about this many backward programs per streaming multiprocessor
-_PROGRAMS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_PROGRAMS_PER_SM", "2"))
-# the forward's in-chunk pairs kernel: at least this many programs per SM before it walks several heads per program
-_FWD_PAIRS_PER_SM = float(os.environ.get("YOLO_BIMAMBA_FWD_PAIRS_PER_SM", "4"))
-# "0": no autotuning (no compile of every config on first use); default_config's configs are used
-_AUTOTUNE = os.environ.get("YOLO_BIMAMBA_AUTOTUNE", "1") not in ("", "0")
-
-# ---------------------------------------------------------------------------------------------
 # Autotuners
 # ---------------------------------------------------------------------------------------------
 # test hook (interpreter only): run the autotuners, timed on the CPU, instead of the default configs
@@ -135,6 +118,7 @@ def _cpu_bench(fn, quantiles=None, reps=2):
     return [med] * len(quantiles) if quantiles else med
 
 
+_INTERPRET = config.triton_interpret()  # (Triton reads it where the kernels are decorated: at import)
 _BENCH = dict(do_bench=_cpu_bench) if _INTERPRET else {}
 _KEY = ["P", "N", "DO_F", "DO_B", "SHIFT", "SHARE", "HAS_D", "D_PER_P", "HAS_BIAS", "SOFTPLUS", "COMPUTE"]
 _PAIRS_KEY = [k for k in _KEY if k not in ("HAS_D", "D_PER_P")]  # (D is the segment kernels')
@@ -238,14 +222,14 @@ def sm_count(device) -> int:
 
 
 def segment_rows(b, h, L, device) -> int:
-    """Rows per program of the segment-parallel kernels: enough segments for about ``_PROGRAMS_PER_SM`` programs per
+    """Rows per program of the segment-parallel kernels: enough segments for about ``config.PROGRAMS_PER_SM`` programs per
     SM (fewer segments: a shorter state walk and fewer boundary states), each a whole number of ``SEG_MULTIPLE``
     rows."""
     if _forced["seg"] is not None:
         return _forced["seg"]
     sms = sm_count(device)
     blocks = cdiv(L, SEG_MULTIPLE)
-    nseg = max(1, min(blocks, int(_PROGRAMS_PER_SM * sms) // (b * h)))
+    nseg = max(1, min(blocks, int(config.PROGRAMS_PER_SM * sms) // (b * h)))
     return SEG_MULTIPLE * cdiv(blocks, nseg)
 
 
@@ -253,14 +237,14 @@ def fwd_pairs_heads(b, g, heads_per_group, tiles, n, device) -> int:
     """Heads per program of the forward's in-chunk pairs kernel (``tiles``: its headdim blocks x chunks): above 1 it
     computes a chunk's C B^T once and walks its heads (GROUPED), which pays where C B^T is the larger product, at
     d_state (``n``) 128 and up; below, its registers cost more than the products it saves. There, the whole group
-    where that leaves at least ``_FWD_PAIRS_PER_SM`` programs per SM, fewer heads (the group cut into equal blocks)
+    where that leaves at least ``config.FWD_PAIRS_PER_SM`` programs per SM, fewer heads (the group cut into equal blocks)
     where it does not; one head below d_state 128."""
     if _forced["fwd_heads"] is not None:
         return max(1, min(_forced["fwd_heads"], heads_per_group))
     if kernel_tile(n) < 128:
         return 1
     per_group = b * g * tiles  # programs with a whole group each
-    blocks = max(1, min(heads_per_group, cdiv(int(_FWD_PAIRS_PER_SM * sm_count(device)), per_group)))
+    blocks = max(1, min(heads_per_group, cdiv(int(config.FWD_PAIRS_PER_SM * sm_count(device)), per_group)))
     return cdiv(heads_per_group, blocks)
 
 
@@ -298,23 +282,23 @@ def fwd_ahead_bits(p, n) -> int:
 
 
 def _split_directions(p, n, share) -> bool:
-    """Whether the backward runs its two directions in two launches (see _SPLIT_DIRECTIONS): one launch reuses the
+    """Whether the backward runs its two directions in two launches (config.SPLIT_DIRECTIONS: "auto", or never / always): one launch reuses the
     causal direction's loads for the anti-causal one, two need fewer registers per program."""
-    if _SPLIT_DIRECTIONS in _OFF:
+    if config.split_directions_off():
         return False
-    if _SPLIT_DIRECTIONS == "auto":
+    if config.SPLIT_DIRECTIONS == "auto":
         return not (share and max(p, n) <= 64)
     return True
 
 
 def _ordered_rows(per_head, separate, one_direction_per_launch) -> bool:
-    """Whether the backward sums dB, dC over each group's heads in the segment kernel (see _ORDERED_ROWS): with
+    """Whether the backward sums dB, dC over each group's heads in the segment kernel (config.ORDERED_ROWS): with
     ngroups < nheads, one dB / dC per direction pair (BiMamba2 mode, not Hydra's), and one direction per launch (in a
     launch with both, a row gets terms in both passes, and one pass's turn would wait for a program that may not have
     started)."""
     wanted = _forced["ordered"]
     if wanted is None:
-        wanted = _ORDERED_ROWS
+        wanted = config.ORDERED_ROWS
     return bool(wanted) and per_head and not separate and one_direction_per_launch
 
 
@@ -323,7 +307,7 @@ def backward_launches(p, n, share, per_head, separate, both) -> tuple[bool, bool
     each group's heads in head order in the segment kernel (ordered: one direction per launch, so it takes two
     launches unless two are ruled out). ``per_head``: ngroups < nheads; ``both``: both directions run."""
     split = _forced["split"]
-    may_split = split if split is not None else _SPLIT_DIRECTIONS not in _OFF
+    may_split = split if split is not None else not config.split_directions_off()
     ordered = _ordered_rows(per_head, separate, may_split or not both)
     if split is None:
         split = ordered or _split_directions(p, n, share)
@@ -345,7 +329,7 @@ def config_for(which, configs, args, kwargs):
     ``YOLO_BIMAMBA_AUTOTUNE=0``), else the one the autotuner chose for these arguments before; None where the
     autotuner has yet to choose (:func:`autotune`)."""
     idx = _forced["pairs" if which == "fwd_pairs" else which]  # (pairs= forces both pairs kernels)
-    if idx is None and ((_INTERPRET and not _TUNE_IN_INTERPRETER) or not _AUTOTUNE):
+    if idx is None and ((_INTERPRET and not _TUNE_IN_INTERPRETER) or not config.AUTOTUNE):
         idx = default_config(which, kwargs)
     if idx is not None:
         return configs[idx]
