@@ -101,6 +101,48 @@ def _dir_in(i_dt, i_B, i_C, i_dz, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow, o
 
 
 @triton.jit
+def _dir_step(i_dt, i_B, i_C, i_dz, dt_ptr, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, rows_n, mrow, offs_q, offs_p, mask_p,
+              offs_n, mask_n, m_bn, bn_off, L, H, xstride, bstride, dt_lo, dt_hi, DZ_SHIFT: tl.constexpr,
+              SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_Q: tl.constexpr, AHEAD: tl.constexpr):
+    """One direction's step of a pass: its chunk (rows) as :func:`_dir_in` makes it of what was loaded ahead (i_*),
+    then the loads of its next chunk (rows_n, :func:`_ahead_in`). Returns the chunk's dt, a, cs, last, tail, B, C, dz,
+    then the next chunk's loads."""
+    dtv, a, cs, last, tail, Bv, Cv, dz = _dir_in(i_dt, i_B, i_C, i_dz, B_ptr, C_ptr, dy_ptr, bias, A_h, rows, mrow,
+                                                 offs_q, offs_p, mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi,
+                                                 DZ_SHIFT, SOFTPLUS, COMPUTE, BLOCK_Q, AHEAD)
+    n_dt, n_B, n_C, n_dz = _ahead_in(dt_ptr, B_ptr, C_ptr, dy_ptr, rows_n, offs_p, mask_p, offs_n, mask_n, L, H,
+                                     xstride, bstride, DZ_SHIFT, AHEAD)
+    return dtv, a, cs, last, tail, Bv, Cv, dz, n_dt, n_B, n_C, n_dz
+
+
+@triton.jit
+def _pass_start(x_ptr, dt_ptr, B_ptr, C_ptr, dtb_ptr, Bb_ptr, Cb_ptr, dy_ptr, rows_n, offs_p, mask_p, offs_n, mask_n,
+                L, H, xstride, bstride, SH_F: tl.constexpr, SH_B: tl.constexpr, DO_F: tl.constexpr,
+                OWN_B: tl.constexpr, X_AHEAD: tl.constexpr, AHEAD: tl.constexpr):
+    """What a pass loads before its first chunk (rows_n): x (with X_AHEAD), the causal direction's inputs (DO_F) and
+    the anti-causal direction's own (OWN_B), as :func:`_ahead_in` loads them; zeros stand in for a direction that does
+    not load here."""
+    x_n = _x_ahead(x_ptr, rows_n, offs_p, mask_p, L, xstride, X_AHEAD)
+    if DO_F:
+        f_dt, f_B, f_C, f_dz = _ahead_in(dt_ptr, B_ptr, C_ptr, dy_ptr, rows_n, offs_p, mask_p, offs_n, mask_n, L, H,
+                                         xstride, bstride, SH_F, AHEAD)
+    else:
+        f_dt, f_B, f_C, f_dz = _no_loads()
+    if OWN_B:
+        b_dt, b_B, b_C, b_dz = _ahead_in(dtb_ptr, Bb_ptr, Cb_ptr, dy_ptr, rows_n, offs_p, mask_p, offs_n, mask_n, L, H,
+                                         xstride, bstride, SH_B, AHEAD)
+    else:
+        b_dt, b_B, b_C, b_dz = _no_loads()
+    return x_n, f_dt, f_B, f_C, f_dz, b_dt, b_B, b_C, b_dz
+
+
+@triton.jit
+def _no_loads():
+    """Stand-ins for the loads of a direction that does not run in a launch (never read)."""
+    return 0.0, 0.0, 0.0, 0.0
+
+
+@triton.jit
 def _x_ahead(x_ptr, rows, offs_p, mask_p, L, xstride, AHEAD: tl.constexpr):
     """x of the next chunk (rows in [0, L); 0 elsewhere), loaded ahead with AHEAD (else a stand-in: _x_in loads it)."""
     if AHEAD:
@@ -217,13 +259,9 @@ def _bi_ssd_bwd_kernel(
     # sm_90; with both directions in one launch there is nothing to spill and the early load stays (faster there)
     LATE_DB: tl.constexpr = (not DO_F) and (BLOCK_P * BLOCK_N > AHEAD_MAX_TILE)
     rows_n = (c1 - 1) * BLOCK_Q + offs_q
-    x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, X_AHEAD)
-    if DO_F:
-        f_dt, f_B, f_C, f_dz = _ahead_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p, mask_p,
-                                         offs_n, mask_n, L, H, xstride, bstride, SH_F, AHEAD)
-    if OWN_B:
-        b_dt, b_B, b_C, b_dz = _ahead_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n, offs_p, mask_p,
-                                         offs_n, mask_n, L, H, xstride, bstride, SH_B, AHEAD)
+    x_n, f_dt, f_B, f_C, f_dz, b_dt, b_B, b_C, b_dz = _pass_start(
+        x_ptr + xo, dt_ptr + dto, B_ptr + bco, C_ptr + bco, dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo,
+        rows_n, offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_F, SH_B, DO_F, OWN_B, X_AHEAD, AHEAD)
     for ci in range(0, c1 - c0):
         c = c1 - 1 - ci
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
@@ -237,11 +275,10 @@ def _bi_ssd_bwd_kernel(
             dxv = tl.zeros((BLOCK_Q, BLOCK_P), dtype=COMPUTE)
         dCv = tl.zeros((BLOCK_Q, BLOCK_N), dtype=COMPUTE)
         if DO_F:
-            dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_in(
-                f_dt, f_B, f_C, f_dz, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p,
-                mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q, AHEAD)
-            f_dt, f_B, f_C, f_dz = _ahead_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p,
-                                             mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_F, AHEAD)
+            dtf, af, csf, lastf, tailf, Bf, Cf, dzf, f_dt, f_B, f_C, f_dz = _dir_step(
+                f_dt, f_B, f_C, f_dz, dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, rows_n, mrow,
+                offs_q, offs_p, mask_p, offs_n, mask_n, m_bn, bn_off, L, H, xstride, bstride, dt_lo, dt_hi, SH_F,
+                SOFTPLUS, COMPUTE, BLOCK_Q, AHEAD)
             # pairs with t in later chunks: through the gradient dS of the state leaving this chunk
             ef_end = tl.exp(tailf - af)
             uf_in = ef_end[:, None] * _dot(Bf, dS, DOT_RD)
@@ -255,15 +292,14 @@ def _bi_ssd_bwd_kernel(
                 tl.store(dB_ptr + g_off, dBf.to(dB_ptr.dtype.element_ty), mask=m_bn)
             tl.store(scr_ptr + so + rows, -dtf * xin, mask=mrow)
             tl.store(scr_ptr + so + L + rows, xin, mask=mrow)
+        if OWN_B:
+            dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb, b_dt, b_B, b_C, b_dz = _dir_step(
+                b_dt, b_B, b_C, b_dz, dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows,
+                rows_n, mrow, offs_q, offs_p, mask_p, offs_n, mask_n, m_bn, bn_off, L, H, xstride, bstride, dt_lo,
+                dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q, AHEAD)
+        elif DO_B:  # the causal direction's dt, decays, B, C and dz above are this direction's too (SHARE)
+            dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
         if DO_B:
-            if OWN_B:
-                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_in(
-                    b_dt, b_B, b_C, b_dz, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q,
-                    offs_p, mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q, AHEAD)
-                b_dt, b_B, b_C, b_dz = _ahead_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n,
-                                                 offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_B, AHEAD)
-            else:  # the causal direction's dt, decays, B, C and dz above are this direction's too (SHARE)
-                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
             # pairs with s in later chunks (the state): dC_t = e_t dz_t Sb^T, and their output terms
             # Yb_t = dz_t . (e_t C_t Sb) = C_t . dC_t from the same product (at the state read-outs' precision, DOT_RD)
             dCb = tl.exp(tailb)[:, None] * _dot(dzb, tl.trans(Sb), DOT_RD)
@@ -306,13 +342,9 @@ def _bi_ssd_bwd_kernel(
     else:
         dSb = tl.zeros((BLOCK_N, BLOCK_P), dtype=COMPUTE)
     rows_n = c0 * BLOCK_Q + offs_q
-    x_n = _x_ahead(x_ptr + xo, rows_n, offs_p, mask_p, L, xstride, X_AHEAD)
-    if DO_F:
-        f_dt, f_B, f_C, f_dz = _ahead_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p, mask_p,
-                                         offs_n, mask_n, L, H, xstride, bstride, SH_F, AHEAD)
-    if OWN_B:
-        b_dt, b_B, b_C, b_dz = _ahead_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n, offs_p, mask_p,
-                                         offs_n, mask_n, L, H, xstride, bstride, SH_B, AHEAD)
+    x_n, f_dt, f_B, f_C, f_dz, b_dt, b_B, b_C, b_dz = _pass_start(
+        x_ptr + xo, dt_ptr + dto, B_ptr + bco, C_ptr + bco, dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo,
+        rows_n, offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_F, SH_B, DO_F, OWN_B, X_AHEAD, AHEAD)
     for c in range(c0, c1):
         rows, mrow, m_xp, m_bn, xy_off, bn_off = _chunk_rows(c, offs_q, offs_p, offs_n, mask_p, mask_n, L, xstride, bstride, BLOCK_Q)
         rows_n = rows + BLOCK_Q
@@ -331,11 +363,10 @@ def _bi_ssd_bwd_kernel(
                 dB_old = tl.load(dB_ptr + g_off, mask=m_bn, other=0.0)
             s2_old = tl.load(scr_ptr + so + 2 * L + rows, mask=mrow, other=0.0)
         if DO_F:
-            dtf, af, csf, lastf, tailf, Bf, Cf, dzf = _dir_in(
-                f_dt, f_B, f_C, f_dz, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q, offs_p,
-                mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_F, SOFTPLUS, COMPUTE, BLOCK_Q, AHEAD)
-            f_dt, f_B, f_C, f_dz = _ahead_in(dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, rows_n, offs_p,
-                                             mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_F, AHEAD)
+            dtf, af, csf, lastf, tailf, Bf, Cf, dzf, f_dt, f_B, f_C, f_dz = _dir_step(
+                f_dt, f_B, f_C, f_dz, dt_ptr + dto, B_ptr + bco, C_ptr + bco, dy_ptr + xo, bias, A_h, rows, rows_n, mrow,
+                offs_q, offs_p, mask_p, offs_n, mask_n, m_bn, bn_off, L, H, xstride, bstride, dt_lo, dt_hi, SH_F,
+                SOFTPLUS, COMPUTE, BLOCK_Q, AHEAD)
             # pairs with s in earlier chunks: dC_t = e_t dz_t S^T, and their output terms Yf_t = dz_t . (e_t C_t S)
             # = C_t . dC_t from the same product (DOT_RD, as for Yb)
             dC_inter = tl.exp(csf)[:, None] * _dot(dzf, tl.trans(S), DOT_RD)
@@ -348,15 +379,14 @@ def _bi_ssd_bwd_kernel(
                 _store_sum(dC_ptr + g_off, dC_old, dC_inter, m_bn)
             S = _dot_acc(tl.trans(Bf * (tl.exp(tailf - af) * dtf)[:, None]), xv, tl.exp(lastf) * S, DOT_ST)
             _store_sum(scr_ptr + so + rows, s0_old, Yf, mrow)
+        if OWN_B:
+            dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb, b_dt, b_B, b_C, b_dz = _dir_step(
+                b_dt, b_B, b_C, b_dz, dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows,
+                rows_n, mrow, offs_q, offs_p, mask_p, offs_n, mask_n, m_bn, bn_off, L, H, xstride, bstride, dt_lo,
+                dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q, AHEAD)
+        elif DO_B:  # as in pass A
+            dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
         if DO_B:
-            if OWN_B:
-                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = _dir_in(
-                    b_dt, b_B, b_C, b_dz, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, bias, A_h, rows, mrow, offs_q,
-                    offs_p, mask_p, m_bn, bn_off, L, xstride, dt_lo, dt_hi, SH_B, SOFTPLUS, COMPUTE, BLOCK_Q, AHEAD)
-                b_dt, b_B, b_C, b_dz = _ahead_in(dtb_ptr + dto, Bb_ptr + bco, Cb_ptr + bco, dy_ptr + xo, rows_n,
-                                                 offs_p, mask_p, offs_n, mask_n, L, H, xstride, bstride, SH_B, AHEAD)
-            else:  # as in pass A
-                dtb, ab, csb, lastb, tailb, Bbv, Cbv, dzb = dtf, af, csf, lastf, tailf, Bf, Cf, dzf
             # pairs with t in earlier chunks: through the gradient dSb of the anti-causal state of earlier rows
             ebx = tl.exp(csb - ab)
             ub_in = ebx[:, None] * _dot(Bbv, dSb, DOT_RD)
