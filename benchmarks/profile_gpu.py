@@ -305,9 +305,10 @@ def host(args):
     torch.cuda.synchronize()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(45)
+    from yolo_bimamba import config
     from yolo_bimamba.ops import launch
 
-    rec = {"shape": [b, L, h, p, n], "precision": args.precision, "direct_launch": launch.DIRECT,
+    rec = {"shape": [b, L, h, p, n], "precision": args.precision, "direct_launch": config.DIRECT_LAUNCH,
            "launches": dict(launch.counts), "gpu_ms_per_call": round(gpu, 4),
            "host_ms_per_call": round((t1 - t0) * 1e3 / reps, 4), "wall_ms_per_call": round((t2 - t0) * 1e3 / reps, 4),
            "cprofile_top": buf.getvalue().splitlines()[:80]}

@@ -141,21 +141,18 @@ def test_graph_tracing_is_seen_by_every_tracer():
 
 
 def test_triton_usable_is_the_one_auto_switch(monkeypatch):
-    """bi_ssd, dwconv_silu and gated_rmsnorm take their "auto" decision from fused_switch.triton_usable: the kernel
+    """bi_ssd, dwconv_silu and gated_rmsnorm take their "auto" decision from backend_choice.triton_usable: the kernel
     module must import, no graph may be traced, and an op's own switch (when it has one) must not be 0."""
-    import importlib
+    from yolo_bimamba.ops import backend_choice
+    from yolo_bimamba.ops.bi_ssd import api as bi_ssd_mod
 
-    from yolo_bimamba.ops import backend_choice as fused_switch
-
-    bi_ssd_mod = importlib.import_module("yolo_bimamba.ops.bi_ssd.api")  # the module (the package exports the function)
-
-    assert fused_switch.triton_usable("yolo_bimamba.ops.bi_ssd.autograd")
+    assert backend_choice.triton_usable("yolo_bimamba.ops.bi_ssd.autograd")
     assert bi_ssd_mod.auto_picks_triton(64, 64, torch.float32)
-    assert not fused_switch.triton_usable("yolo_bimamba.ops.no_such_kernels")
+    assert not backend_choice.triton_usable("yolo_bimamba.ops.no_such_kernels")
     monkeypatch.setenv("YOLO_BIMAMBA_FUSED_CONV", "0")
-    assert fused_switch.triton_usable("yolo_bimamba.ops.bi_ssd.autograd")  # the SSD op has no such switch
-    monkeypatch.setattr(fused_switch, "graph_tracing", lambda: True)
-    assert not fused_switch.triton_usable("yolo_bimamba.ops.bi_ssd.autograd")
+    assert backend_choice.triton_usable("yolo_bimamba.ops.bi_ssd.autograd")  # the SSD op has no such switch
+    monkeypatch.setattr(backend_choice, "graph_tracing", lambda: True)
+    assert not backend_choice.triton_usable("yolo_bimamba.ops.bi_ssd.autograd")
     assert not bi_ssd_mod.auto_picks_triton(64, 64, torch.float32)
 
 

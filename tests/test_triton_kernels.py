@@ -422,7 +422,7 @@ def test_fwd_pairs_heads_rule():
 
 
 # 2a. the backward segment kernel's ways of loading a chunk: every input one chunk ahead (tiles up to
-#     triton_kernels.AHEAD_MAX_TILE, every other test's sizes), or some of its tiles at their use (larger tiles:
+#     kernels_common.AHEAD_MAX_TILE, every other test's sizes), or some of its tiles at their use (larger tiles:
 #     headdim x d_state 64 x 64 and up on the GPU, tuning.bwd_ahead_bits). All of them at their use (0) and the
 #     rule's values above 32 x 32 tiles (3: B, C and dz ahead; 2: dz ahead), forced here at small sizes, under every
 #     backward config and in every mode of the kernel (one and two launches, Hydra's own backward inputs and shift, one

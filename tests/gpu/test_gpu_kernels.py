@@ -538,16 +538,17 @@ def test_direct_launch(dtype):
     get a kernel of their own, as Triton's specialisation requires, and are still accurate."""
     if BACKEND != "triton":
         pytest.skip("direct launches belong to the triton backend")
+    from yolo_bimamba import config
     from yolo_bimamba.ops import launch
 
-    assert launch.CHECK, "the GPU suite checks every direct launch (conftest sets YOLO_BIMAMBA_CHECK_LAUNCH=1)"
+    assert config.CHECK_LAUNCH, "the GPU suite checks every direct launch (conftest sets YOLO_BIMAMBA_CHECK_LAUNCH=1)"
     s = _shape(4, 1000, 8, 32, 32)
     inp, dy, opts = make_inputs(s, seed=12)
-    old = launch.DIRECT
+    old = config.DIRECT_LAUNCH
     try:
-        launch.DIRECT = False
+        config.DIRECT_LAUNCH = False
         through_triton = run(inp, dy, opts, dtype, backend=BACKEND)
-        launch.DIRECT = True
+        config.DIRECT_LAUNCH = True
         run(inp, dy, opts, dtype, backend=BACKEND)  # compiles or finds the kernels, keeps them
         before = dict(launch.counts)
         direct = run(inp, dy, opts, dtype, backend=BACKEND)
@@ -572,13 +573,13 @@ def test_direct_launch(dtype):
         bad = accuracy_problems(outs[1], ref, dtype, "misaligned") + repeat_problems(outs[0], outs[1])
         assert not bad, "misaligned inputs: " + "; ".join(bad)
     finally:
-        launch.DIRECT = old
+        config.DIRECT_LAUNCH = old
 
 
 # the bf16 split of the state dots on the GPU's real bf16 bit operations ------------------------
 
 def test_bf16_rounding_and_split_on_the_gpu():
-    """The split the bf16 policy's state dots use (triton_kernels._split_bf16: masks and a bit cast to bf16 on the
+    """The split the bf16 policy's state dots use (kernels_common._split_bf16: masks and a bit cast to bf16 on the
     GPU, fp32 values in the interpreter) gives the same exact parts on the GPU as the CPU test checks emulated."""
     if BACKEND != "triton":
         pytest.skip("the split belongs to the triton backend")

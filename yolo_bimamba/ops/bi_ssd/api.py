@@ -179,10 +179,10 @@ def _scan_dtype(x: torch.Tensor, triton: bool) -> torch.dtype:
 
 
 def mixer_scan_dtype(x: torch.Tensor, headdim: int, dstate: int, backend: str = "auto") -> torch.dtype:
-    """The dtype in which a mixer runs the scan of its inputs x (YOLO_BIMAMBA_FP16_SCAN: config.FP16_SCAN): x's own, except fp16 CUDA inputs
-    that the Triton kernels take, on a GPU with bf16 tensor cores: bf16 (the same exponent range as fp32, so an fp16
-    value or loss-scaled gradient never overflows there; 8 instead of 11 significant bits, as in bf16 AMP). Never
-    while a graph is traced or exported (the scan then runs the PyTorch op, in x's dtype)."""
+    """The dtype in which a mixer runs the scan of its inputs x (YOLO_BIMAMBA_FP16_SCAN, config.FP16_SCAN): x's own,
+    except fp16 CUDA inputs that the Triton kernels take, on a GPU with bf16 tensor cores: bf16 (the same exponent
+    range as fp32, so an fp16 value or loss-scaled gradient never overflows there; 8 instead of 11 significant bits,
+    as in bf16 AMP). Never while a graph is traced or exported (the scan then runs the PyTorch op, in x's dtype)."""
     return _scan_dtype(x, _runs_triton(x, headdim, dstate, backend))
 
 

@@ -258,7 +258,8 @@ class _BiSSDFn(torch.autograd.Function):
             P=p, N=n, BLOCK_P=kernel_tile(p), BLOCK_N=kernel_tile(n), SEPARATE=separate,
             SHARE=share, HAS_D=has_d,
             D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head, ORDERED=ordered,
-            DOT_ST=dots["DOT_ST"], DOT_RD=dots["DOT_RD"], DOT_LO=dots["DOT_LO"], AHEAD=tuning.bwd_ahead_bits(p, n), **common,
+            DOT_ST=dots["DOT_ST"], DOT_RD=dots["DOT_RD"], DOT_LO=dots["DOT_LO"], AHEAD=tuning.bwd_ahead_bits(p, n),
+            **common,
         )
         grid = lambda meta: (b * h, nseg)  # noqa: E731
         bwd = functools.partial(_launch, _bi_ssd_bwd_kernel, tuning.bwd_tuner, BWD_CONFIGS, "bwd", grid)
@@ -270,7 +271,8 @@ class _BiSSDFn(torch.autograd.Function):
             # the in-chunk pairs, after the segment kernel of the same directions, in the same chunks (its BLOCK_Q);
             # one program per (batch * group, chunk)
             q = _chunk_tile(used, "backward")[0]
-            _launch(_bi_ssd_bwd_pairs_kernel, tuning.bwd_pairs_tuner, PAIRS_CONFIGS, "pairs", lambda meta: (b * g, cdiv(l, q)),
+            _launch(_bi_ssd_bwd_pairs_kernel, tuning.bwd_pairs_tuner, PAIRS_CONFIGS, "pairs",
+                    lambda meta: (b * g, cdiv(l, q)),
                     (x, dtp, A, B, C, x, dtbp, Bb, Cb, dy, dx, gB, gC, gBb, gCb, oB, oC, oBb, oCb, scr, l, h, g,
                      *_PROCESSED_LIMITS),
                     {**pkw, **flags, "BLOCK_Q": q})

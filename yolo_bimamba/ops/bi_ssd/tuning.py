@@ -222,9 +222,9 @@ def sm_count(device) -> int:
 
 
 def segment_rows(b, h, L, device) -> int:
-    """Rows per program of the segment-parallel kernels: enough segments for about ``config.PROGRAMS_PER_SM`` programs per
-    SM (fewer segments: a shorter state walk and fewer boundary states), each a whole number of ``SEG_MULTIPLE``
-    rows."""
+    """Rows per program of the segment-parallel kernels: enough segments for about ``config.PROGRAMS_PER_SM``
+    programs per SM (fewer segments: a shorter state walk and fewer boundary states), each a whole number of
+    ``SEG_MULTIPLE`` rows."""
     if _forced["seg"] is not None:
         return _forced["seg"]
     sms = sm_count(device)
@@ -237,8 +237,8 @@ def fwd_pairs_heads(b, g, heads_per_group, tiles, n, device) -> int:
     """Heads per program of the forward's in-chunk pairs kernel (``tiles``: its headdim blocks x chunks): above 1 it
     computes a chunk's C B^T once and walks its heads (GROUPED), which pays where C B^T is the larger product, at
     d_state (``n``) 128 and up; below, its registers cost more than the products it saves. There, the whole group
-    where that leaves at least ``config.FWD_PAIRS_PER_SM`` programs per SM, fewer heads (the group cut into equal blocks)
-    where it does not; one head below d_state 128."""
+    where that leaves at least ``config.FWD_PAIRS_PER_SM`` programs per SM, fewer heads (the group cut into equal
+    blocks) where it does not; one head below d_state 128."""
     if _forced["fwd_heads"] is not None:
         return max(1, min(_forced["fwd_heads"], heads_per_group))
     if kernel_tile(n) < 128:
@@ -282,8 +282,9 @@ def fwd_ahead_bits(p, n) -> int:
 
 
 def _split_directions(p, n, share) -> bool:
-    """Whether the backward runs its two directions in two launches (config.SPLIT_DIRECTIONS: "auto", or never / always): one launch reuses the
-    causal direction's loads for the anti-causal one, two need fewer registers per program."""
+    """Whether the backward runs its two directions in two launches (config.SPLIT_DIRECTIONS: "auto", or never /
+    always): one launch reuses the causal direction's loads for the anti-causal one, two need fewer registers per
+    program."""
     if config.split_directions_off():
         return False
     if config.SPLIT_DIRECTIONS == "auto":
