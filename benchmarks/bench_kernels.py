@@ -428,10 +428,10 @@ def main(argv=None):
     a = ap.parse_args(argv)
     forced = contextlib.nullcontext()
     if a.force_configs and a.triton_backend == "triton":
-        from yolo_bimamba.ops import triton_op
+        from yolo_bimamba.ops.bi_ssd import tuning
 
         fi, bi, si = (int(v) for v in a.force_configs.split(","))
-        forced = triton_op.force_config(fwd=fi, bwd=bi, state=si)
+        forced = tuning.force_config(fwd=fi, bwd=bi, state=si)
     with forced:
         _main(a, argv)
 
@@ -453,14 +453,14 @@ def _main(a, argv):
                 date=time.strftime("%Y-%m-%d %H:%M:%S"), host_python=platform.python_version(),
                 forced_configs=a.force_configs)
     if a.triton_backend == "triton":
-        from yolo_bimamba.ops import triton_kernels as tk
-        from yolo_bimamba.ops import triton_op
+        from yolo_bimamba import config
+        from yolo_bimamba.ops.bi_ssd import tuning as tk
 
         meta["configs"] = {name: [dict(c.kwargs, num_warps=c.num_warps) for c in cfgs] for name, cfgs in
                            (("fwd", tk.FWD_CONFIGS), ("bwd", tk.BWD_CONFIGS), ("state", tk.STATE_CONFIGS),
                             ("pairs", tk.PAIRS_CONFIGS))}
-        meta["programs_per_sm"] = triton_op._PROGRAMS_PER_SM
-        meta["split_directions"] = triton_op._SPLIT_DIRECTIONS  # "auto", "1" or "0"
+        meta["programs_per_sm"] = config.PROGRAMS_PER_SM
+        meta["split_directions"] = config.SPLIT_DIRECTIONS  # "auto", "1" or "0"
     print(json.dumps(meta), flush=True)
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Peak memory of the fused Triton op's fwd+bwd, buffer by buffer, without a GPU.
 
-Every buffer the op allocates comes from ``triton_op._alloc``. This script runs the op's autograd function on
+Every buffer the op allocates comes from ``autograd._alloc``. This script runs the op's autograd function on
 PyTorch's meta device with every kernel launch replaced by a no-op, records each buffer (shape, dtype, bytes, the
 source line that allocated it) and when it is freed, and reports the peak of the live buffers, and the ratio
 benchmarks/bench_kernels.py measures on a GPU: (inputs + peak above the inputs and the upstream gradient) / (inputs
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "benchmarks" / "bench_kernels.py")
 bench_kernels = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_kernels)  # also enters the package without Ultralytics where that is missing
-from yolo_bimamba.ops import triton_op  # noqa: E402
+from yolo_bimamba.ops.bi_ssd import autograd, tuning  # noqa: E402
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -68,9 +68,9 @@ class Recorder:
 def launches_mocked(sms: int):
     """Every kernel launch of the op a no-op (returning a config of 64-row chunks), segments cut for ``sms`` SMs."""
     used = types.SimpleNamespace(kwargs={"BLOCK_Q": 64, "BLOCK_P": 64})
-    with mock.patch.object(triton_op, "_launch", lambda *a, **k: used), \
-            mock.patch.object(triton_op, "launch", lambda *a, **k: None), \
-            mock.patch.object(triton_op, "sm_count", lambda device: sms):
+    with mock.patch.object(autograd, "_launch", lambda *a, **k: used), \
+            mock.patch.object(autograd, "launch", lambda *a, **k: None), \
+            mock.patch.object(tuning, "sm_count", lambda device: sms):
         yield
 
 
@@ -79,10 +79,10 @@ def account(shape: dict, dtype=torch.bfloat16, device="meta", sms: int | None = 
     every buffer recorded. ``device="meta"`` with ``sms``: launches mocked; a CPU device under the Triton interpreter
     runs the kernels for real (the tests compare the two records)."""
     inp = bench_kernels.make_inputs(shape, dtype, device, hydra=False)  # the benchmark's inputs, shapes and dtypes
-    rec = Recorder(triton_op._alloc, per_head=shape["g"] != shape["h"])
+    rec = Recorder(autograd._alloc, per_head=shape["g"] != shape["h"])
     mocked = launches_mocked(sms) if sms is not None else contextlib.nullcontext()
-    with mock.patch.object(triton_op, "_alloc", rec), mocked:
-        y = triton_op.bi_ssd_triton(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], D=inp["D"],
+    with mock.patch.object(autograd, "_alloc", rec), mocked:
+        y = autograd.bi_ssd_triton(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], D=inp["D"],
                                     dt_bias=inp["dt_bias"], dt_softplus=True, validate=False)
         dy = torch.ones_like(y)
         grads = torch.autograd.grad(y, list(inp.values()), dy)

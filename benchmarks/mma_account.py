@@ -5,7 +5,7 @@ The op runs under the Triton interpreter with every ``tl.dot`` counted as it exe
 its tile shape (M x K by K x N: the full tiles, padding included, as a GPU computes them) and the precision it would
 run at on a GPU, read from the kernels' own ``_dot`` / ``_dot_acc`` (a split-bf16 dot is three bf16 dots; tf32x3 is
 three tf32 passes; a plain ``tl.dot`` on fp32 values is tf32). The dot precisions are the policy of the inputs' dtype
-(``triton_op._dot_precisions``), the configs the defaults (``YOLO_BIMAMBA_AUTOTUNE=0``), and the segments those of a
+(``autograd._dot_precisions``), the configs the defaults (``YOLO_BIMAMBA_AUTOTUNE=0``), and the segments those of a
 GPU with ``--sms`` SMs (132: an H200), so the kernels walk the same tiles as there. The inputs are fp32 at batch 1:
 each batch element is its own programs, so the count is multiplied by the batch; a one-segment sequence longer than
 ``--rows`` rows, a multiple of it, is counted at that many rows and multiplied too (every chunk does the same work).
@@ -40,7 +40,7 @@ _spec.loader.exec_module(bench_kernels)  # also enters the package without Ultra
 
 from triton.runtime import interpreter as _interp  # noqa: E402
 
-from yolo_bimamba.ops import triton_op  # noqa: E402
+from yolo_bimamba.ops.bi_ssd import autograd, tuning  # noqa: E402
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PEAK = {"bf16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12}  # dense FLOP/s of an H200 SXM (2 FLOPs per MAC)
@@ -96,20 +96,20 @@ def floor_ms(macs_by_unit: dict, peak: dict = PEAK) -> float:
 
 
 def policy_of(dtype, prec: str | None = None) -> dict:
-    """The backward's dot precisions: those of inputs of ``dtype`` (triton_op._dot_precisions), or ``prec``
+    """The backward's dot precisions: those of inputs of ``dtype`` (autograd._dot_precisions), or ``prec``
     ("ST,RD,MID,IN,LO", as benchmarks/profile_gpu.py --prec) for a policy the op does not use."""
     if prec:
-        return dict(zip(triton_op.DOT_CLASSES, prec.split(",")))
-    return triton_op._dot_precisions(torch.empty(0, dtype=dtype))
+        return dict(zip(autograd.DOT_CLASSES, prec.split(",")))
+    return autograd._dot_precisions(torch.empty(0, dtype=dtype))
 
 
 def run_counted(inp: dict, direction: str, policy: dict, seg: int, grad: bool) -> DotCounter:
     """One call of bi_ssd_triton on ``inp`` (bench_kernels.make_inputs) under the interpreter, in segments of ``seg``
     rows, with the dot precisions ``policy``, every dot counted."""
     counter = DotCounter()
-    with mock.patch.object(triton_op, "_dot_precisions", lambda x: dict(policy)), \
-            triton_op.force_config(seg=seg), counter.counting():
-        y = triton_op.bi_ssd_triton(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], D=inp["D"],
+    with mock.patch.object(autograd, "_dot_precisions", lambda x: dict(policy)), \
+            tuning.force_config(seg=seg), counter.counting():
+        y = autograd.bi_ssd_triton(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], D=inp["D"],
                                     dt_bias=inp["dt_bias"], dt_softplus=True, direction=direction, validate=False)
         if grad:
             torch.autograd.grad(y, list(inp.values()), torch.ones_like(y))
@@ -123,22 +123,22 @@ def count(shape: dict, direction: str = "both", dtype=torch.bfloat16, sms: int =
     ``sms`` SMs with inputs of ``dtype`` (or the dot policy ``prec``, see policy_of); counted at batch 1 (and
     ``rows`` rows for a longer one-segment sequence) and scaled."""
     b, L, h = shape["b"], shape["l"], shape["h"]
-    with mock.patch.object(triton_op, "sm_count", lambda device: sms):
-        seg = triton_op.segment_rows(b, h, L, torch.device("cpu"))
+    with mock.patch.object(tuning, "sm_count", lambda device: sms):
+        seg = tuning.segment_rows(b, h, L, torch.device("cpu"))
     nseg = -(-L // seg)
     l_run, scale_l = L, 1
-    if nseg == 1 and L > rows and L % rows == 0 and rows % triton_op.SEG_MULTIPLE == 0:
+    if nseg == 1 and L > rows and L % rows == 0 and rows % tuning.SEG_MULTIPLE == 0:
         l_run, scale_l, seg = rows, L // rows, rows
     inp = bench_kernels.make_inputs(dict(shape, b=1, l=l_run), torch.float32, "cpu", hydra=False)
-    heads_rule = triton_op.fwd_pairs_heads
+    heads_rule = tuning.fwd_pairs_heads
 
     def heads_of_full_call(_b, g, r, tiles, n, device):
         # the forward pairs kernel's heads per program as in the full call (batch b, all rows, sms SMs): its C B^T
         # dots are one per program
-        with mock.patch.object(triton_op, "sm_count", lambda device: sms):
+        with mock.patch.object(tuning, "sm_count", lambda device: sms):
             return heads_rule(b, g, r, tiles * scale_l, n, device)
 
-    with mock.patch.object(triton_op, "fwd_pairs_heads", heads_of_full_call):
+    with mock.patch.object(tuning, "fwd_pairs_heads", heads_of_full_call):
         counter = run_counted(inp, direction, policy_of(dtype, prec), seg, grad)
     scale = b * scale_l
     kernels = {k: {u: v * scale for u, v in units.items()} for k, units in sorted(counter.macs.items())}

@@ -121,7 +121,8 @@ def kernels(args):
     from bench_kernels import _enter_package_without_glue
 
     _enter_package_without_glue()
-    from yolo_bimamba.ops import triton_op
+    from yolo_bimamba import config
+    from yolo_bimamba.ops.bi_ssd import autograd, tuning
 
     shapes = [  # (name, b, L, h, p, n)
         ("b16_L1600_h8_p64_n64", 16, 1600, 8, 64, 64),
@@ -156,16 +157,16 @@ def kernels(args):
                     for pcfg in ints(getattr(args, "pairs_cfgs", "")) for fh in ints(getattr(args, "fwd_heads", ""))
                     for pa in ints(getattr(args, "pairs_ahead", "")) for fa in ints(getattr(args, "fwd_ahead", ""))
                     for ba in ints(getattr(args, "bwd_ahead", ""))]
-        orig_prec = triton_op._dot_precisions
+        orig_prec = autograd._dot_precisions
         for direction, pps, prec, cfg, split, fcfg, scfg, pcfg, fh, pa, fa, ba in variants:
-            triton_op._PROGRAMS_PER_SM = pps
+            config.PROGRAMS_PER_SM = pps
             if prec:
-                triton_op._dot_precisions = lambda x, prec=prec: dict(zip(triton_op.DOT_CLASSES, prec.split(",")))
+                autograd._dot_precisions = lambda x, prec=prec: dict(zip(autograd.DOT_CLASSES, prec.split(",")))
             else:
-                triton_op._dot_precisions = orig_prec
+                autograd._dot_precisions = orig_prec
 
             step = functools.partial(call, direction=direction)
-            seg = triton_op.segment_rows(b, h, L, x.device)
+            seg = tuning.segment_rows(b, h, L, x.device)
             forced = dict(bwd=cfg, split=split, fwd=fcfg, state=scfg)
             if pcfg is not None:  # (absent before the in-chunk pairs kernel: A/B runs against older commits)
                 forced["pairs"] = pcfg
@@ -177,7 +178,7 @@ def kernels(args):
                 forced["fwd_ahead"] = fa
             if ba is not None:  # (absent before the backward segment kernel's AHEAD bits)
                 forced["bwd_ahead"] = ba
-            with triton_op.force_config(**forced):
+            with tuning.force_config(**forced):
                 times, launches = _kernel_times(step)
             total = sum(times.values())
             rec = {"shape": name, "ngroups": g, "dtype": args.dtype, "direction": direction, "programs_per_sm": pps,
@@ -196,10 +197,10 @@ def kernels(args):
                   f"split={split} seg={seg}: "
                   f"total {total:.3f} ms, "
                   f"{launches} launches; {top}", flush=True)
-        triton_op._dot_precisions = orig_prec
+        autograd._dot_precisions = orig_prec
         del x, call
         torch.cuda.empty_cache()
-    triton_op._PROGRAMS_PER_SM = 4.0
+    config.PROGRAMS_PER_SM = 4.0
     return out
 
 
@@ -304,9 +305,10 @@ def host(args):
     torch.cuda.synchronize()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(45)
+    from yolo_bimamba import config
     from yolo_bimamba.ops import launch
 
-    rec = {"shape": [b, L, h, p, n], "precision": args.precision, "direct_launch": launch.DIRECT,
+    rec = {"shape": [b, L, h, p, n], "precision": args.precision, "direct_launch": config.DIRECT_LAUNCH,
            "launches": dict(launch.counts), "gpu_ms_per_call": round(gpu, 4),
            "host_ms_per_call": round((t1 - t0) * 1e3 / reps, 4), "wall_ms_per_call": round((t2 - t0) * 1e3 / reps, 4),
            "cprofile_top": buf.getvalue().splitlines()[:80]}
@@ -338,7 +340,8 @@ def host_parts(args):
     from bench_kernels import _enter_package_without_glue
 
     _enter_package_without_glue()
-    from yolo_bimamba.ops import bi_ssd, launch as launch_mod, triton_op
+    from yolo_bimamba.ops import bi_ssd, launch as launch_mod
+    from yolo_bimamba.ops.bi_ssd import autograd
 
     dtype = _DTYPES[args.precision]
     runs = []
@@ -357,17 +360,17 @@ def host_parts(args):
 
         rec["forward_no_grad"] = _host_ms(fwd_only)
         launches = []  # (fn, grid, args, kwargs) of every Triton launch of one call
-        real = triton_op.launch
+        real = autograd.launch
 
         def recording(*t):
             launches.append(t)
             return real(*t)
 
-        triton_op.launch = recording
+        autograd.launch = recording
         try:
             call()
         finally:
-            triton_op.launch = real
+            autograd.launch = real
         torch.cuda.synchronize()
         rec["triton_launches"] = len(launches)
         rec["launches_replayed"] = _host_ms(lambda: [launch_mod.launch(*t) for t in launches])
@@ -420,7 +423,7 @@ def main():
     ap.add_argument("--pps", default="4", help="kernels: programs per SM values, comma separated")
     ap.add_argument("--directions", default="both,forward", help="kernels: directions, comma separated")
     ap.add_argument("--prec", default="",
-                    help="kernels: backward dot precisions, ST,RD,MID,IN,LO;... (see triton_op._dot_precisions)")
+                    help="kernels: backward dot precisions, ST,RD,MID,IN,LO;... (see autograd._dot_precisions)")
     ap.add_argument("--bwd-cfgs", default="", help="kernels: forced backward configs, comma separated")
     ap.add_argument("--fwd-cfgs", default="", help="kernels: forced forward configs, comma separated")
     ap.add_argument("--state-cfgs", default="", help="kernels: forced state-kernel configs, comma separated")
@@ -430,9 +433,9 @@ def main():
     ap.add_argument("--pairs-ahead", default="", help="kernels: forced AHEAD bits of the backward's in-chunk pairs "
                     "kernel (0-3), comma separated")
     ap.add_argument("--fwd-ahead", default="", help="kernels: forced AHEAD bits of the forward kernel "
-                    "(triton_op.fwd_ahead_bits, 0-3), comma separated")
+                    "(tuning.fwd_ahead_bits, 0-3), comma separated")
     ap.add_argument("--bwd-ahead", default="", help="kernels: forced AHEAD bits of the backward segment kernel "
-                    "(triton_op.bwd_ahead_bits, 0-7), comma separated")
+                    "(tuning.bwd_ahead_bits, 0-7), comma separated")
     ap.add_argument("--splits", default="",
                     help="kernels: backward directions in two launches (1) or one (0), e.g. 1,0")
     ap.add_argument("--shapes", default="", help="kernels: shape names, comma separated (default all)")

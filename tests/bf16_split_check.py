@@ -1,11 +1,11 @@
-"""The bf16 rounding and three-part split the kernels' dots use (triton_kernels._round_bf16, _split_bf16), run as a
+"""The bf16 rounding and three-part split the kernels' dots use (kernels_common._round_bf16, _split_bf16), run as a
 small Triton kernel: on the CPU under the interpreter (tests/test_tf32_precision.py, where the bf16 values are emulated
 in fp32) and on a GPU with the real bf16 bit operations (tests/gpu/test_gpu_kernels.py)."""
 import torch
 import triton
 import triton.language as tl
 
-from yolo_bimamba.ops.triton_kernels import _round_bf16, _split_bf16
+from yolo_bimamba.ops.bi_ssd.kernels_common import _round_bf16, _split_bf16
 
 
 @triton.jit

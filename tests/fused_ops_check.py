@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from yolo_bimamba.ops import triton_op
+from yolo_bimamba.ops import kernel_buffers
 
 
 def rel(a, b):
@@ -14,12 +14,12 @@ def rel(a, b):
 def poisoned_run(op, leaves, dy, force_config, cfg):
     """op(*leaves) and the gradients of every leaf, config ``cfg`` forced, every output and gradient buffer filled
     with NaN first, with NaN guard regions that must stay intact."""
-    with force_config(cfg), triton_op.poison_outputs(True):
+    with force_config(cfg), kernel_buffers.poison_outputs(True):
         y = op(*leaves)
         grads = torch.autograd.grad(y, leaves, dy)
         if y.is_cuda:
             torch.cuda.synchronize()
-        assert triton_op.check_guards(), "a kernel wrote outside its buffer"
+        assert kernel_buffers.check_guards(), "a kernel wrote outside its buffer"
     return (y, *grads)
 
 

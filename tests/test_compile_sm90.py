@@ -71,14 +71,14 @@ def _variants():
         ("p64n128-both-ordered", 64, 128, 1, 8, dict(both, ordered=True), ("bf16",), t2),
         ("p64n128-both", 64, 128, 1, 8, both, ("fp32", "bf16"), t1),
         ("p128n128-both", 128, 128, 1, 4, both, ("fp32", "bf16"), t1),
-        # 256 fits only for 16-bit inputs, with the other size at most 64 (validate.triton_dims_supported)
+        # 256 fits only for 16-bit inputs, with the other size at most 64 (ops.bi_ssd.api.triton_dims_supported)
         ("p64n256-both", 64, 256, 1, 8, both, ("bf16",), t2),
         ("p256n64-both", 256, 64, 1, 4, both, ("bf16",), t2),
         ("p64n64-hydra", 64, 64, 1, 8, hydra, ("bf16",), t2),
         # d_state 128: the forward pairs kernel walks a group's heads (GROUPED), here with both directions' own C B^T
         ("p64n128-hydra", 64, 128, 1, 8, hydra, ("bf16",), t2),
         # headdim x d_state 32 x 32 (the detection models' own layers): the backward segment kernel takes its other
-        # way of loading there (every input of a chunk one chunk ahead, triton_kernels.AHEAD_MAX_TILE)
+        # way of loading there (every input of a chunk one chunk ahead, kernels_common.AHEAD_MAX_TILE)
         ("p32n32-both", 32, 32, 1, 8, both, ("bf16",), t1),
         ("p32n32-hydra", 32, 32, 1, 8, hydra, ("bf16",), t2),
         ("p64n64-shift-shared-g2", 64, 64, 2, 8, hydra_shared, ("fp32",), t2),
@@ -97,7 +97,7 @@ def _call_op(dtype_name, p, n, g, h, v):
     """Call bi_ssd_triton forward + backward on CPU tensors (kernels are recorded, not run)."""
     import torch
 
-    from yolo_bimamba.ops.triton_op import bi_ssd_triton
+    from yolo_bimamba.ops.bi_ssd.autograd import bi_ssd_triton
 
     dt = _torch_dtype(dtype_name)
     b, l = 2, 1000  # L not a multiple of any tile; sizes matter only for integer specialisation
@@ -115,11 +115,11 @@ def _call_op(dtype_name, p, n, g, h, v):
         kw["dt_bias"] = torch.randn(h).requires_grad_(True)
     if v.get("separate"):
         kw.update(dt_bwd=mk(b, l, h), B_bwd=mk(b, l, g, n), C_bwd=mk(b, l, g, n))
-    from yolo_bimamba.ops.triton_op import force_config
+    from yolo_bimamba.ops.bi_ssd.tuning import force_config
 
     # segments of 256 rows (4 at L = 1000): the state kernel runs in every variant; "split" picks how the
     # backward runs both directions (two launches, the default, or one)
-    from yolo_bimamba.ops.triton_kernels import BWD_CONFIGS, FWD_CONFIGS, bwd_config_fits
+    from yolo_bimamba.ops.bi_ssd.tuning import BWD_CONFIGS, FWD_CONFIGS, bwd_config_fits
 
     # a segment kernel and its in-chunk pairs kernel cut the sequence into the same chunks (the forward's: and headdim
     # blocks): after the autotuned run, again with each forward config and a backward config of each BLOCK_Q forced,
@@ -255,14 +255,14 @@ def _compile_job(i):
 
 
 def _config_index(kernel_name, launch_kwargs):
-    """Index of the config of ``kernel_name``'s autotuner in triton_op whose meta-parameters, warps and stages are
+    """Index of the config of ``kernel_name``'s autotuner in ops.bi_ssd.tuning whose meta-parameters, warps and stages are
     those of a direct launch (None for a kernel without an autotuner, or a launch that is none of its configs)."""
     from triton.runtime.autotuner import Autotuner
 
-    from yolo_bimamba.ops import triton_op
+    from yolo_bimamba.ops.bi_ssd import tuning
 
-    for attr in dir(triton_op):
-        tuner = getattr(triton_op, attr)
+    for attr in dir(tuning):
+        tuner = getattr(tuning, attr)
         if not isinstance(tuner, Autotuner) or (getattr(tuner.fn, "__name__", None) or tuner.fn.fn.__name__) != kernel_name:
             continue
         for i, c in enumerate(tuner.configs):
@@ -378,11 +378,11 @@ def _worker(out_path: str, dtypes: list[str], manual_signature: bool = False) ->
     tjit.JITFunction.run = record_run
     Autotuner.run = record_autotuned
 
-    from yolo_bimamba.ops import triton_op
+    from yolo_bimamba.ops.bi_ssd import tuning
 
     autotuners = {}
-    for attr in dir(triton_op):
-        obj = getattr(triton_op, attr)
+    for attr in dir(tuning):
+        obj = getattr(tuning, attr)
         if isinstance(obj, Autotuner):
             fn = obj.fn
             autotuners[getattr(fn, "__name__", None) or fn.fn.__name__] = len(obj.configs)
@@ -428,11 +428,11 @@ def _discover():
     """(kernel name, number of configs) of every autotuned kernel of the op, read at collection."""
     from triton.runtime.autotuner import Autotuner
 
-    from yolo_bimamba.ops import triton_op
+    from yolo_bimamba.ops.bi_ssd import tuning
 
     out = []
-    for attr in sorted(dir(triton_op)):
-        obj = getattr(triton_op, attr)
+    for attr in sorted(dir(tuning)):
+        obj = getattr(tuning, attr)
         if isinstance(obj, Autotuner):
             fn = obj.fn
             out.append((getattr(fn, "__name__", None) or fn.fn.__name__, len(obj.configs)))

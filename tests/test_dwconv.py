@@ -12,13 +12,14 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from yolo_bimamba.ops import triton_op  # noqa: E402
+from yolo_bimamba.ops.bi_ssd import tuning  # noqa: E402
+from yolo_bimamba.ops import kernel_buffers  # noqa: E402
 from yolo_bimamba.ops.dwconv import dwconv_silu, dwconv_silu_reference, force_config  # noqa: E402
 from yolo_bimamba.ops.dwconv_kernels import CONFIGS  # noqa: E402
 from fused_ops_check import check_against_float64, poisoned_run, rel  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-if DEV == "cpu" and not triton_op._INTERPRET:
+if DEV == "cpu" and not tuning._INTERPRET:
     pytest.skip("no CUDA and TRITON_INTERPRET is not set", allow_module_level=True)
 
 # (b, L, C, k): L and C not multiples of any block, L shorter than the kernel's reach, one channel, k = 1
@@ -104,7 +105,7 @@ def test_modules_use_it_and_match_their_conv1d():
         m.backend = "torch"
         ref = m(x)
         m.backend = "triton"
-        with triton_op.poison_outputs(True):
+        with kernel_buffers.poison_outputs(True):
             out = m(x)
         assert rel(out, ref) <= 1e-10, cls.__name__
 
@@ -126,7 +127,7 @@ def test_auto_backend_and_its_switch(monkeypatch):
 def test_graph_tracing_is_seen_by_every_tracer():
     """The fused ops and the SSD op's "auto" fall back to their PyTorch expressions while a graph is traced: jit.trace
     (TorchScript export), torch.export (which the dynamo ONNX exporter uses) and torch.compile."""
-    from yolo_bimamba.ops.fused_switch import graph_tracing
+    from yolo_bimamba.ops.backend_choice import graph_tracing
 
     class Probe(torch.nn.Module):
         def forward(self, x):
@@ -140,21 +141,18 @@ def test_graph_tracing_is_seen_by_every_tracer():
 
 
 def test_triton_usable_is_the_one_auto_switch(monkeypatch):
-    """bi_ssd, dwconv_silu and gated_rmsnorm take their "auto" decision from fused_switch.triton_usable: the kernel
+    """bi_ssd, dwconv_silu and gated_rmsnorm take their "auto" decision from backend_choice.triton_usable: the kernel
     module must import, no graph may be traced, and an op's own switch (when it has one) must not be 0."""
-    import importlib
+    from yolo_bimamba.ops import backend_choice
+    from yolo_bimamba.ops.bi_ssd import api as bi_ssd_mod
 
-    from yolo_bimamba.ops import fused_switch
-
-    bi_ssd_mod = importlib.import_module("yolo_bimamba.ops.bi_ssd")  # the module (the package exports the function)
-
-    assert fused_switch.triton_usable("yolo_bimamba.ops.triton_op")
+    assert backend_choice.triton_usable("yolo_bimamba.ops.bi_ssd.autograd")
     assert bi_ssd_mod.auto_picks_triton(64, 64, torch.float32)
-    assert not fused_switch.triton_usable("yolo_bimamba.ops.no_such_kernels")
+    assert not backend_choice.triton_usable("yolo_bimamba.ops.no_such_kernels")
     monkeypatch.setenv("YOLO_BIMAMBA_FUSED_CONV", "0")
-    assert fused_switch.triton_usable("yolo_bimamba.ops.triton_op")  # the SSD op has no such switch
-    monkeypatch.setattr(fused_switch, "graph_tracing", lambda: True)
-    assert not fused_switch.triton_usable("yolo_bimamba.ops.triton_op")
+    assert backend_choice.triton_usable("yolo_bimamba.ops.bi_ssd.autograd")  # the SSD op has no such switch
+    monkeypatch.setattr(backend_choice, "graph_tracing", lambda: True)
+    assert not backend_choice.triton_usable("yolo_bimamba.ops.bi_ssd.autograd")
     assert not bi_ssd_mod.auto_picks_triton(64, 64, torch.float32)
 
 

@@ -12,13 +12,13 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from yolo_bimamba.ops import triton_op  # noqa: E402
+from yolo_bimamba.ops.bi_ssd import tuning  # noqa: E402
 from yolo_bimamba.ops.gated_norm import force_config, gated_rmsnorm, gated_rmsnorm_reference  # noqa: E402
 from yolo_bimamba.ops.gated_norm_kernels import CONFIGS  # noqa: E402
 from fused_ops_check import check_against_float64, poisoned_run, rel  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-if DEV == "cpu" and not triton_op._INTERPRET:
+if DEV == "cpu" and not tuning._INTERPRET:
     pytest.skip("no CUDA and TRITON_INTERPRET is not set", allow_module_level=True)
 
 # (b, L, d): rows not a multiple of any row block, d not a power of two, a wide d (fewer rows per program)

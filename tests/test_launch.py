@@ -9,8 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
+from yolo_bimamba import config
 from yolo_bimamba.ops import launch as L
-from yolo_bimamba.ops import triton_op as to
+from yolo_bimamba.ops.bi_ssd import autograd
 
 
 def _triton_binder(kernel):
@@ -51,7 +52,7 @@ def test_key_is_never_coarser_than_triton_specialisation(kind, pos):
     one (say, for a 16-byte aligned pointer) would be launched for the other. Checked with Triton's own specialiser
     over values chosen to hit every case it distinguishes; the key tells apart what Triton does (it is not
     trivially fine: some distinct values share a key)."""
-    jf, binder = _triton_binder(to._bi_ssd_bwd_dt_kernel)
+    jf, binder = _triton_binder(autograd._bi_ssd_bwd_dt_kernel)
     spec_of = {}
     for v in _values()[kind]:
         args = list(_dt_args())
@@ -76,7 +77,7 @@ def test_key_marks_arguments_it_cannot_describe():
 def test_tail_is_the_kernel_parameters_after_the_positional_ones_in_order():
     """Triton's launcher takes every parameter, the constexprs too, in the kernel's order: the kept tail must be that
     order whatever order the keyword arguments came in, with defaults for parameters not given."""
-    jf, binder = _triton_binder(to._bi_ssd_bwd_dt_kernel)
+    jf, binder = _triton_binder(autograd._bi_ssd_bwd_dt_kernel)
     args = _dt_args()
     shuffled = dict(reversed(list(DT_KW.items())), num_warps=4)
     tail = L._tail(jf, len(args), shuffled)
@@ -124,7 +125,7 @@ def test_direct_launch_switch_and_check_read_from_the_environment():
     import subprocess
     import sys
 
-    code = "from yolo_bimamba.ops import launch as L; print(L.DIRECT, L.CHECK)"
+    code = "from yolo_bimamba import config; print(config.DIRECT_LAUNCH, config.CHECK_LAUNCH)"
     env = dict(__import__("os").environ, YOLO_BIMAMBA_DIRECT_LAUNCH="0", YOLO_BIMAMBA_CHECK_LAUNCH="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "True"]
@@ -191,9 +192,9 @@ def test_direct_launch_logic_with_a_cuda_stand_in(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1234, raising=False)
-    monkeypatch.setattr(L, "DIRECT", True)
-    monkeypatch.setattr(L, "CHECK", False)
-    fn = _FakeJit(to._bi_ssd_bwd_dt_kernel)
+    monkeypatch.setattr(config, "DIRECT_LAUNCH", True)
+    monkeypatch.setattr(config, "CHECK_LAUNCH", False)
+    fn = _FakeJit(autograd._bi_ssd_bwd_dt_kernel)
     buf = torch.zeros(80)
     x = buf[:64].as_subclass(CudaStandIn)
     args = _dt_args(**{k: x for k in ("dt", "A", "bias", "dtb", "ddt", "ddtb", "scr", "part")})
@@ -235,9 +236,9 @@ def test_a_config_launches_with_its_warps_stages_and_register_cap(monkeypatch, m
     """A config launched by the op itself (forced, default or cached: not through the autotuner) carries every launch
     option of the config; a register cap (maxnreg) left out would compile another kernel than the autotuner timed."""
     seen = []
-    monkeypatch.setattr(to, "launch", lambda fn, grid, args, kwargs: seen.append((fn, grid, args, kwargs)))
+    monkeypatch.setattr(autograd, "launch", lambda fn, grid, args, kwargs: seen.append((fn, grid, args, kwargs)))
     cfg = triton.Config({"BLOCK_Q": 32}, num_warps=8, num_stages=2, maxnreg=maxnreg)
-    to._run_config("kernel", lambda meta: (meta["BLOCK_Q"], 3), ("a",), {"P": 64}, cfg)
+    autograd._run_config("kernel", lambda meta: (meta["BLOCK_Q"], 3), ("a",), {"P": 64}, cfg)
     [(fn, grid, args, kwargs)] = seen
     assert (fn, grid, args) == ("kernel", (32, 3), ("a",))
     want = {"P": 64, "BLOCK_Q": 32, "num_warps": 8, "num_stages": 2}

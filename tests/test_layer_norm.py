@@ -13,7 +13,7 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from yolo_bimamba.ops import triton_op  # noqa: E402
+from yolo_bimamba.ops.bi_ssd import tuning  # noqa: E402
 from yolo_bimamba.ops.layer_norm import (  # noqa: E402
     force_config, layer_norm_channels_first, layer_norm_channels_first_reference,
 )
@@ -21,7 +21,7 @@ from yolo_bimamba.ops.layer_norm_kernels import CONFIGS  # noqa: E402
 from fused_ops_check import check_against_float64, poisoned_run, rel  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-if DEV == "cpu" and not triton_op._INTERPRET:
+if DEV == "cpu" and not tuning._INTERPRET:
     pytest.skip("no CUDA and TRITON_INTERPRET is not set", allow_module_level=True)
 
 # (N, C, H, W): tokens not a multiple of any token block, C not a power of two, one token, a wide C (fewer tokens

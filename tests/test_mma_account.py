@@ -14,9 +14,9 @@ import benchmark_script  # tests/benchmark_script.py
 
 mma_account = benchmark_script.load("mma_account")
 
-from yolo_bimamba.ops import triton_op  # noqa: E402
-from yolo_bimamba.ops.triton_kernels import FWD_CONFIGS, STATE_CONFIGS  # noqa: E402
-from yolo_bimamba.ops.validate import kernel_tile  # noqa: E402
+from yolo_bimamba.ops.bi_ssd import tuning  # noqa: E402
+from yolo_bimamba.ops.bi_ssd.tuning import FWD_CONFIGS, STATE_CONFIGS  # noqa: E402
+from yolo_bimamba.ops.bi_ssd.api import kernel_tile  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU check under the interpreter")
 
@@ -31,7 +31,7 @@ def _cdiv(a, b):
 def test_forward_dots_match_a_hand_count():
     # one SM: one segment, so no state kernel; the forward alone, one direction
     r = mma_account.count(SHAPE, "forward", torch.bfloat16, sms=1, grad=False)
-    cfg = FWD_CONFIGS[triton_op.default_config("fwd", dict(P=SHAPE["p"], N=SHAPE["n"]))]
+    cfg = FWD_CONFIGS[tuning.default_config("fwd", dict(P=SHAPE["p"], N=SHAPE["n"]))]
     q, bp, bn = cfg.kwargs["BLOCK_Q"], cfg.kwargs["BLOCK_P"], kernel_tile(SHAPE["n"])
     programs = SHAPE["b"] * SHAPE["h"] * _cdiv(SHAPE["p"], bp)
     chunks = _cdiv(SHAPE["l"], q)
@@ -48,11 +48,11 @@ def test_forward_pairs_grouped_count_one_cb_per_program():
     # call on one SM cuts them (here the whole group of four), then its product with x per head
     shape = dict(SHAPE, h=4, n=128)
     r = mma_account.count(shape, "forward", torch.bfloat16, sms=1, grad=False)
-    cfg = FWD_CONFIGS[triton_op.default_config("fwd", dict(P=shape["p"], N=shape["n"]))]
+    cfg = FWD_CONFIGS[tuning.default_config("fwd", dict(P=shape["p"], N=shape["n"]))]
     q, bp, bn = cfg.kwargs["BLOCK_Q"], cfg.kwargs["BLOCK_P"], kernel_tile(shape["n"])
     chunks, pblocks, r_heads = _cdiv(shape["l"], q), _cdiv(shape["p"], bp), shape["h"] // shape["g"]
-    with mock.patch.object(triton_op, "sm_count", lambda device: 1):
-        heads = triton_op.fwd_pairs_heads(shape["b"], shape["g"], r_heads, pblocks * chunks, shape["n"],
+    with mock.patch.object(tuning, "sm_count", lambda device: 1):
+        heads = tuning.fwd_pairs_heads(shape["b"], shape["g"], r_heads, pblocks * chunks, shape["n"],
                                           torch.device("cpu"))
     assert heads == 4
     pair_programs = shape["b"] * shape["g"] * _cdiv(r_heads, heads) * pblocks
@@ -67,7 +67,7 @@ def test_state_dots_count_three_bf16_passes():
     r = mma_account.count(SHAPE, "both", torch.bfloat16, sms=4, grad=False)
     seg, nseg = r["seg_rows"], r["nseg"]
     assert (seg, nseg) == (128, 2)
-    cfg = STATE_CONFIGS[triton_op.default_config("state", dict(P=SHAPE["p"], N=SHAPE["n"]))]
+    cfg = STATE_CONFIGS[tuning.default_config("state", dict(P=SHAPE["p"], N=SHAPE["n"]))]
     q, bp, bn = cfg.kwargs["BLOCK_Q"], cfg.kwargs["BLOCK_P"], kernel_tile(SHAPE["n"])
     walk_f = (nseg - 1) * (seg // q)  # S_f: the chunks of every segment but the last
     walk_b = _cdiv(SHAPE["l"], q) - seg // q  # S_b: every segment but the first

@@ -215,7 +215,7 @@ def test_fp16_scans_keep_their_dtype_off_cuda_and_for_the_pytorch_op():
     return their input's dtype."""
     import importlib
 
-    mod = importlib.import_module("yolo_bimamba.ops.bi_ssd")
+    mod = importlib.import_module("yolo_bimamba.ops.bi_ssd.api")
     for dt in (torch.float16, torch.bfloat16, torch.float32):
         for backend in ("auto", "torch", "triton"):
             assert mod.mixer_scan_dtype(torch.zeros(2, 3, dtype=dt), 32, 32, backend) == dt
@@ -233,7 +233,7 @@ def test_bimamba2_graph_form_equals_eager(kw, monkeypatch, tmp_path):
     """The form traced and exported graphs hold (BiMamba2._forward_graph: the in-projection's row blocks as separate
     products, x, B, C channels-first through the conv and into the chunked op) is the eager function: equal in float64
     with its gradients (L shorter than the conv, not a multiple of the chunk, several chunks; ngroups 1 and 2; biases
-    on and off), taken while a graph is traced (fused_switch.graph_tracing), and exported to ONNX without a Split or
+    on and off), taken while a graph is traced (backend_choice.graph_tracing), and exported to ONNX without a Split or
     a Transpose before the conv, with outputs equal to eager PyTorch in onnxruntime."""
     import numpy as np
     import onnx

@@ -12,16 +12,18 @@ import torch  # noqa: E402
 
 triton = pytest.importorskip("triton")
 
+from yolo_bimamba import config  # noqa: E402
 from yolo_bimamba.ops import bi_ssd, bi_ssd_reference  # noqa: E402
-from yolo_bimamba.ops import triton_op  # noqa: E402
-from yolo_bimamba.ops.triton_op import (  # noqa: E402
-    BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, STATE_CONFIGS, bi_ssd_triton, force_config,
+from yolo_bimamba.ops.bi_ssd import autograd, tuning  # noqa: E402
+from yolo_bimamba.ops import kernel_buffers  # noqa: E402
+from yolo_bimamba.ops.bi_ssd.autograd import bi_ssd_triton  # noqa: E402
+from yolo_bimamba.ops.bi_ssd.tuning import (  # noqa: E402
+    BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, SEG_MULTIPLE, STATE_CONFIGS, force_config,
 )
-from yolo_bimamba.ops.triton_kernels import SEG_MULTIPLE  # noqa: E402
 from stress_recipes import STRESS  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-if DEV == "cpu" and not triton_op._INTERPRET:
+if DEV == "cpu" and not tuning._INTERPRET:
     pytest.skip("no CUDA and TRITON_INTERPRET is not set", allow_module_level=True)
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
@@ -74,10 +76,10 @@ def _leaf(v, dtype=None):
 def run_triton(args, kw, dy, fwd=None, bwd=None, poison=True):
     leaves = [_leaf(a) for a in args]
     kwl = {k: _leaf(v) for k, v in kw.items()}
-    with force_config(fwd=fwd, bwd=bwd), triton_op.poison_outputs(poison):
+    with force_config(fwd=fwd, bwd=bwd), kernel_buffers.poison_outputs(poison):
         y = bi_ssd_triton(*leaves, **kwl)
         y.backward(dy)
-        guards_ok = triton_op.check_guards()
+        guards_ok = kernel_buffers.check_guards()
     grads = {name: a.grad for name, a in zip("x dt A B C".split(), leaves)}
     grads.update({k: v.grad for k, v in kwl.items() if torch.is_tensor(v)})
     return y.detach(), grads, guards_ok
@@ -252,7 +254,7 @@ def test_fwd_pairs_heads_per_program(mode):
     kw.update(direction=direction, shift=shift)
     ys = {}
     for heads in (1, 2, 3, 5):
-        with force_config(fwd=fi, fwd_heads=heads), torch.no_grad(), triton_op.poison_outputs(True):
+        with force_config(fwd=fi, fwd_heads=heads), torch.no_grad(), kernel_buffers.poison_outputs(True):
             ys[heads] = bi_ssd_triton(*args, **kw)
     assert torch.isfinite(ys[1]).all()
     for heads in (2, 3, 5):
@@ -282,7 +284,7 @@ def test_bwd_pairs_ahead(mode):
     grads = {}
     for ahead in range(4):
         with force_config(pairs_ahead=ahead):
-            assert triton_op.bwd_pairs_ahead() == ahead
+            assert tuning.bwd_pairs_ahead() == ahead
             _y, grads[ahead], guards_ok = run_triton(args, kw, dy, 0, bi)
         assert guards_ok, ahead
     for name, g0 in grads[0].items():
@@ -314,8 +316,8 @@ def test_fwd_ahead(mode):
         ys = {}
         for bits in range(4):
             with force_config(fwd=fi, seg=SEG_MULTIPLE, fwd_ahead=bits), torch.no_grad(), \
-                    triton_op.poison_outputs(True):
-                assert triton_op.fwd_ahead_bits(16, 16) == bits
+                    kernel_buffers.poison_outputs(True):
+                assert tuning.fwd_ahead_bits(16, 16) == bits
                 ys[bits] = bi_ssd_triton(*args, **kw)
         assert torch.isfinite(ys[0]).all()
         for bits in range(1, 4):
@@ -329,7 +331,7 @@ def test_fwd_ahead(mode):
 
 def test_fwd_ahead_rule():
     """The forward kernel's loads ahead up to d_state 64, none above (forced values are taken as they are)."""
-    rule = triton_op.fwd_ahead_bits
+    rule = tuning.fwd_ahead_bits
     assert rule(16, 16) == rule(64, 64) == rule(128, 64) == rule(64, 33) == 3
     assert rule(64, 128) == rule(32, 65) == rule(64, 256) == 0
     with force_config(fwd_ahead=1):
@@ -339,7 +341,7 @@ def test_fwd_ahead_rule():
 def test_bwd_pairs_ahead_rule():
     """The rows a head adds to loaded early at every size, its inputs at their use (on an H100 one head ahead was
     slower at 32 x 32 too); forced values are taken as they are, and only 0-3."""
-    rule = triton_op.bwd_pairs_ahead
+    rule = tuning.bwd_pairs_ahead
     assert rule() == 2
     with force_config(pairs_ahead=0):
         assert rule() == 0
@@ -371,7 +373,7 @@ def test_bwd_ahead(mode):
     grads = {}
     for bits in range(8):
         with force_config(seg=SEG_MULTIPLE, bwd_ahead=bits, **forced):
-            assert triton_op.bwd_ahead_bits(16, 16) == bits
+            assert tuning.bwd_ahead_bits(16, 16) == bits
             _y, grads[bits], guards_ok = run_triton(args, kw, dy, 0, bi)
         assert guards_ok, bits
     for name, g0 in grads[0].items():
@@ -386,7 +388,7 @@ def test_bwd_ahead(mode):
 def test_bwd_ahead_rule():
     """Every input a chunk ahead up to tiles of 32 x 32, B, C and dz up to 64 x 64, dz alone above; forced values are
     taken as they are, and only 0-7."""
-    rule = triton_op.bwd_ahead_bits
+    rule = tuning.bwd_ahead_bits
     assert rule(16, 16) == rule(32, 32) == rule(24, 20) == 7
     assert rule(64, 32) == rule(32, 64) == rule(64, 64) == rule(40, 33) == 3
     assert rule(64, 128) == rule(128, 64) == rule(128, 128) == rule(64, 256) == 2
@@ -402,7 +404,7 @@ def test_fwd_pairs_heads_rule():
     equal blocks of the group where it does not, one head where even one head per program leaves too few; one head
     below d_state 128; forced values are clamped to the group."""
     dev = torch.device("cpu")
-    rule = triton_op.fwd_pairs_heads
+    rule = tuning.fwd_pairs_heads
     assert rule(1, 1, 8, 16, 128, dev) == 8
     assert rule(2, 2, 8, 4, 128, dev) == 8
     assert rule(1, 1, 8, 5, 128, dev) == 2  # 4 blocks of 2: 20 programs
@@ -420,8 +422,8 @@ def test_fwd_pairs_heads_rule():
 
 
 # 2a. the backward segment kernel's ways of loading a chunk: every input one chunk ahead (tiles up to
-#     triton_kernels.AHEAD_MAX_TILE, every other test's sizes), or some of its tiles at their use (larger tiles:
-#     headdim x d_state 64 x 64 and up on the GPU, triton_op.bwd_ahead_bits). All of them at their use (0) and the
+#     kernels_common.AHEAD_MAX_TILE, every other test's sizes), or some of its tiles at their use (larger tiles:
+#     headdim x d_state 64 x 64 and up on the GPU, tuning.bwd_ahead_bits). All of them at their use (0) and the
 #     rule's values above 32 x 32 tiles (3: B, C and dz ahead; 2: dz ahead), forced here at small sizes, under every
 #     backward config and in every mode of the kernel (one and two launches, Hydra's own backward inputs and shift, one
 #     direction).
@@ -439,14 +441,14 @@ _AT_USE_BITS = (0, 3, 2, 0, 3, 2)
 @pytest.mark.parametrize("bi", range(len(BWD_CONFIGS)))
 def test_every_bwd_config_with_tiles_loaded_at_use(monkeypatch, bi):
     launched = []
-    orig = triton_op._run_config
+    orig = autograd._run_config
 
     def spy(jit_fn, grid_fn, args, kwargs, cfg):
-        if jit_fn is triton_op._bi_ssd_bwd_kernel:
+        if jit_fn is autograd._bi_ssd_bwd_kernel:
             launched.append(kwargs["AHEAD"])
         return orig(jit_fn, grid_fn, args, kwargs, cfg)
 
-    monkeypatch.setattr(triton_op, "_run_config", spy)
+    monkeypatch.setattr(autograd, "_run_config", spy)
     q = _qb(bi)
     for i, ((opt, forced), bits) in enumerate(zip(_AT_USE_MODES, _AT_USE_BITS)):
         opt = dict(opt)
@@ -487,7 +489,7 @@ def test_segment_length_does_not_change_the_result():
     out = []
     for seg in (8 * SEG_MULTIPLE, SEG_MULTIPLE, 2 * SEG_MULTIPLE):
         with force_config(seg=seg):
-            assert triton_op.segment_rows(2, 2, args[0].shape[1], torch.device(DEV)) == seg
+            assert tuning.segment_rows(2, 2, args[0].shape[1], torch.device(DEV)) == seg
             check_case(args, kw, 0, 0)
             out.append(run_triton(args, kw, dy, 0, 0))
     y0, g0, _ = out[0]
@@ -627,14 +629,14 @@ def test_dispatch_and_validation():
 
 def test_guard_detects_stray_write():
     """The guard check itself can fail: a write past the end of a buffer is reported."""
-    with triton_op.poison_outputs(True):
-        t = triton_op._alloc((4, 5), torch.float32, DEV)
+    with kernel_buffers.poison_outputs(True):
+        t = autograd._alloc((4, 5), torch.float32, DEV)
         t.fill_(0.0)
-        assert triton_op.check_guards()
-        t = triton_op._alloc((4, 5), torch.float32, DEV)
+        assert kernel_buffers.check_guards()
+        t = autograd._alloc((4, 5), torch.float32, DEV)
         t.fill_(0.0)
         t.view(-1).as_strided((21,), (1,))[20] = 1.0  # one element past the end
-        assert not triton_op.check_guards()
+        assert not kernel_buffers.check_guards()
 
 
 def test_fp16_partial_sums_do_not_overflow():
@@ -668,18 +670,18 @@ def test_autotuned_launch_matches_reference(sep):
     args, kw = make_inputs(b=2, l=2 * SEG_MULTIPLE + 5, h=2, g=1, p=16, n=16, sep=sep)
     kw.update(shift=sep)
     calls = []
-    orig = triton_op._cpu_bench
+    orig = tuning._cpu_bench
 
     def counting_bench(fn, quantiles=None):
         calls.append(1)
         return orig(fn, quantiles)
 
-    tuners = (triton_op._fwd_tuned, triton_op._bwd_tuned, triton_op._state_tuned, triton_op._pairs_tuned,
-              triton_op._fwd_pairs_tuned)
+    tuners = (tuning.fwd_tuner, tuning.bwd_tuner, tuning.state_tuner, tuning.bwd_pairs_tuner,
+              tuning.fwd_pairs_tuner)
     for tuned in tuners:
         tuned.do_bench = counting_bench  # instance attribute over the autotuner's cached property
     try:
-        with triton_op.interpreter_autotune(), force_config(seg=SEG_MULTIPLE, split=True):
+        with tuning.interpreter_autotune(), force_config(seg=SEG_MULTIPLE, split=True):
             check_case(args, kw)
     finally:
         for tuned in tuners:
@@ -707,23 +709,23 @@ def test_second_backward_launch_runs_the_first_launchs_config(monkeypatch):
             which, kwargs = key[0], dict(key[1])
             if which != "bwd":
                 configs = dict(fwd=FWD_CONFIGS, state=STATE_CONFIGS, pairs=PAIRS_CONFIGS, fwd_pairs=PAIRS_CONFIGS)
-                return configs[which][triton_op.DEFAULT_CONFIGS[which]]
+                return configs[which][tuning.DEFAULT_CONFIGS[which]]
             return big if kwargs["DO_F"] else small
 
     launched = []
-    orig = triton_op._launch
+    orig = autograd._launch
 
     def spy(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg=None):
         used = orig(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg)
         if which == "bwd":
             launched.append(used.kwargs["BLOCK_Q"])
-        elif jit_fn is triton_op._bi_ssd_bwd_pairs_kernel:
+        elif jit_fn is autograd._bi_ssd_bwd_pairs_kernel:
             launched.append(("pairs", kwargs["BLOCK_Q"]))
         return used
 
-    monkeypatch.setattr(triton_op, "_chosen", SplitMinds())
-    monkeypatch.setattr(triton_op, "_TUNE_IN_INTERPRETER", True)
-    monkeypatch.setattr(triton_op, "_launch", spy)
+    monkeypatch.setattr(tuning, "_chosen", SplitMinds())
+    monkeypatch.setattr(tuning, "_TUNE_IN_INTERPRETER", True)
+    monkeypatch.setattr(autograd, "_launch", spy)
     args, kw = make_inputs(b=1, l=2 * SEG_MULTIPLE + 37, h=2, g=1, p=16, n=16)
     with force_config(split=True):
         check_case(args, kw)
@@ -735,15 +737,15 @@ def test_tuned_config_is_reused_without_the_autotuner():
     Autotuner's host cost skipped), with the same results bit for bit; other dtypes or flags go back to the tuners."""
     args, kw = make_inputs(b=2, l=2 * SEG_MULTIPLE + 5, h=2, g=1, p=16, n=16)
     dy = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(3)).to(DEV)
-    tuners = (triton_op._fwd_tuned, triton_op._bwd_tuned, triton_op._state_tuned, triton_op._pairs_tuned,
-              triton_op._fwd_pairs_tuned)
+    tuners = (tuning.fwd_tuner, tuning.bwd_tuner, tuning.state_tuner, tuning.bwd_pairs_tuner,
+              tuning.fwd_pairs_tuner)
     runs = []
     origs = [t.run for t in tuners]
     for t, orig in zip(tuners, origs):
         t.run = lambda *a, _orig=orig, **k: (runs.append(1), _orig(*a, **k))[1]
     launched = []
     jits = {t: t.fn for t in tuners}
-    orig_getitem = type(triton_op._bi_ssd_fwd_kernel).__getitem__
+    orig_getitem = type(autograd._bi_ssd_fwd_kernel).__getitem__
 
     def spy_getitem(self, grid):
         launcher = orig_getitem(self, grid)
@@ -753,14 +755,14 @@ def test_tuned_config_is_reused_without_the_autotuner():
             return launcher(*a, **k)
         return launch
     try:
-        type(triton_op._bi_ssd_fwd_kernel).__getitem__ = spy_getitem
-        with triton_op.interpreter_autotune(), force_config(seg=SEG_MULTIPLE, split=True):
+        type(autograd._bi_ssd_fwd_kernel).__getitem__ = spy_getitem
+        with tuning.interpreter_autotune(), force_config(seg=SEG_MULTIPLE, split=True):
             first = run_triton(args, kw, dy, poison=False)
             n_tuned = len(runs)
             # state + fwd + its pairs; state + the first backward launch (the second runs its config: BiMamba2 mode)
             # + its pairs
             assert n_tuned == 6
-            assert len(triton_op._chosen) == 6
+            assert len(tuning._chosen) == 6
             launched.clear()
             second = run_triton(args, kw, dy, poison=False)
             assert len(runs) == n_tuned, "the second call went through the autotuners again"
@@ -778,7 +780,7 @@ def test_tuned_config_is_reused_without_the_autotuner():
             run_triton(args64, kw64, dy.double(), poison=False)
             assert len(runs) > n_tuned
     finally:
-        type(triton_op._bi_ssd_fwd_kernel).__getitem__ = orig_getitem
+        type(autograd._bi_ssd_fwd_kernel).__getitem__ = orig_getitem
         for t in tuners:
             t.__dict__.pop("run", None)
     assert torch.equal(first[0], second[0])
@@ -790,26 +792,26 @@ def test_force_config_nests():
     one, so the segment tests above really run the segments and state configs they name."""
     with force_config(state=1, seg=2 * SEG_MULTIPLE, split=False):
         with force_config(fwd=0, bwd=0):
-            assert triton_op._forced == dict(fwd=0, bwd=0, state=1, pairs=None, seg=2 * SEG_MULTIPLE, split=False,
+            assert tuning._forced == dict(fwd=0, bwd=0, state=1, pairs=None, seg=2 * SEG_MULTIPLE, split=False,
                                              ordered=None, fwd_heads=None, pairs_ahead=None,
                                              fwd_ahead=None, bwd_ahead=None)
-            assert triton_op.segment_rows(1, 1, 10 * SEG_MULTIPLE, torch.device(DEV)) == 2 * SEG_MULTIPLE
-        assert triton_op._forced["fwd"] is None and triton_op._forced["seg"] == 2 * SEG_MULTIPLE
-    assert all(v is None for v in triton_op._forced.values())
+            assert tuning.segment_rows(1, 1, 10 * SEG_MULTIPLE, torch.device(DEV)) == 2 * SEG_MULTIPLE
+        assert tuning._forced["fwd"] is None and tuning._forced["seg"] == 2 * SEG_MULTIPLE
+    assert all(v is None for v in tuning._forced.values())
 
 
 # 2c. ordered group rows (YOLO_BIMAMBA_ORDERED_ROWS=1): the segment kernel adds each head's dB, dC terms to the
 #     group's fp32 rows in head order (tickets and per-chunk counters) instead of writing per-head rows
 def _spy_bwd_launches(monkeypatch):
     launched = []
-    orig = triton_op._run_config
+    orig = autograd._run_config
 
     def spy(jit_fn, grid_fn, args, kwargs, cfg):
-        if jit_fn is triton_op._bi_ssd_bwd_kernel:
+        if jit_fn is autograd._bi_ssd_bwd_kernel:
             launched.append((kwargs["ORDERED"], kwargs["GRAD_PER_HEAD"], kwargs["ACC"], kwargs["DO_F"], kwargs["DO_B"]))
         return orig(jit_fn, grid_fn, args, kwargs, cfg)
 
-    monkeypatch.setattr(triton_op, "_run_config", spy)
+    monkeypatch.setattr(autograd, "_run_config", spy)
     return launched
 
 
@@ -850,13 +852,13 @@ def test_ordered_group_rows_rule(monkeypatch):
             run_triton(args, kw, dy, poison=False)
         return [(o, ph) for o, ph, *_ in launched]
 
-    assert triton_op._ORDERED_ROWS is False
+    assert config.ORDERED_ROWS is False
     assert run() == [(False, True)]  # the default: per-head rows, one launch (BiMamba2 mode at these sizes)
     assert run(ordered=True) == [(True, False)] * 2
     assert run(ordered=True, split=False) == [(False, True)]
     assert run(ordered=True, g=4) == [(False, False)]  # one head per group: nothing to sum, one launch
     assert run(ordered=True, sep=True) == [(False, True)] * 2  # Hydra: per-head rows (two launches at its sizes)
-    monkeypatch.setattr(triton_op, "_ORDERED_ROWS", True)
+    monkeypatch.setattr(config, "ORDERED_ROWS", True)
     assert run() == [(True, False)] * 2
 
 
@@ -867,13 +869,13 @@ def test_ordered_group_rows_buffers_and_autotuning(monkeypatch):
     args, kw = make_inputs(b=2, l=3 * SEG_MULTIPLE + 7, h=4, p=8, n=16, g=1, seed=8)
     per_head_shape = (2, 3 * SEG_MULTIPLE + 7, 4, 16)
     shapes = []
-    orig = triton_op._alloc
+    orig = autograd._alloc
 
     def alloc(shape, dtype, device):
         shapes.append(tuple(shape))
         return orig(shape, dtype, device)
 
-    monkeypatch.setattr(triton_op, "_alloc", alloc)
+    monkeypatch.setattr(autograd, "_alloc", alloc)
     dy = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(9)).float()
     with force_config(seg=SEG_MULTIPLE, ordered=False):
         _, per_head, _ = run_triton(args, kw, dy)
@@ -884,7 +886,7 @@ def test_ordered_group_rows_buffers_and_autotuning(monkeypatch):
     assert ok and per_head_shape not in shapes
     for k in per_head:
         assert rel_err(ordered[k], per_head[k]) <= 1e-6, k
-    with triton_op.interpreter_autotune(), force_config(seg=SEG_MULTIPLE, ordered=True):
+    with tuning.interpreter_autotune(), force_config(seg=SEG_MULTIPLE, ordered=True):
         check_case(args, kw)  # (the tuned configs' chunks differ: against the float64 reference, as every config)
 
 
@@ -898,7 +900,7 @@ def test_hydra_backward_per_head_buffers(split):
     args, kw = make_inputs(b=1, l=40, h=4, p=8, n=16, g=1, sep=True, guard=False, seed=3)
     per_head_shape = (1, 40, 4, 16)
     live, peak = set(), [0]
-    orig = triton_op._alloc
+    orig = autograd._alloc
 
     def alloc(shape, dtype, device):
         t = orig(shape, dtype, device)
@@ -910,12 +912,12 @@ def test_hydra_backward_per_head_buffers(split):
         return t
 
     dy = torch.randn(1, 40, 4, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64).float()
-    triton_op._alloc = alloc
+    autograd._alloc = alloc
     try:
         with force_config(split=split, seg=SEG_MULTIPLE):
             y, grads, _ = run_triton(args, kw, dy, poison=False)
     finally:
-        triton_op._alloc = orig
+        autograd._alloc = orig
     assert peak[0] == (2 if split else 4), peak
     y_ref, g_ref = run_reference(args, kw, dy)
     assert rel_err(y, y_ref) <= TOL[torch.float32]
@@ -962,22 +964,22 @@ def test_one_segment_calls_have_no_boundary_states(monkeypatch):
     states, the same one for every call of a (device, dtype): no allocation, no fill launch, and nothing stored or
     read there (filled with NaN, it leaves every output finite and correct, and stays NaN)."""
     launched = []
-    orig = triton_op._launch
+    orig = autograd._launch
 
     def spy(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg=None):
         launched.append(which)
         return orig(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg)
 
-    monkeypatch.setattr(triton_op, "_launch", spy)
-    triton_op._stand_ins.clear()
-    stand_in = triton_op._no_states(torch.float32, torch.device("cpu"))
+    monkeypatch.setattr(autograd, "_launch", spy)
+    autograd._stand_ins.clear()
+    stand_in = autograd._no_states(torch.float32, torch.device("cpu"))
     stand_in.fill_(float("nan"))
     for l, h in ((SEG_MULTIPLE - 3, 2), (SEG_MULTIPLE, 3)):
         args, kw = make_inputs(b=2, l=l, h=h, g=1, p=16, n=16)
         with force_config(seg=SEG_MULTIPLE):
             check_case(args, kw)
     assert "state" not in launched and "bwd" in launched, launched
-    assert list(triton_op._stand_ins.values()) == [stand_in] and stand_in.numel() == 1
+    assert list(autograd._stand_ins.values()) == [stand_in] and stand_in.numel() == 1
     assert bool(stand_in.isnan().all()), "a kernel wrote into the stand-in"
 
 
@@ -987,16 +989,16 @@ def test_backward_reads_the_forwards_boundary_states(monkeypatch):
     at tf32 when not; the backward's state launch is the gradient one; the kept states are what the backward reads
     (poisoned, they poison its gradients)."""
     launched = []
-    orig = triton_op._launch
+    orig = autograd._launch
 
     def spy(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg=None):
         if which == "state":
             launched.append((kwargs["GRAD"], kwargs["DOT_ST"]))
         return orig(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg)
 
-    monkeypatch.setattr(triton_op, "_launch", spy)
+    monkeypatch.setattr(autograd, "_launch", spy)
     args, kw = make_inputs(b=1, l=3 * SEG_MULTIPLE + 5, h=2, g=1, p=16, n=16)
-    dst = triton_op._dot_precisions(args[0])["DOT_ST"]
+    dst = autograd._dot_precisions(args[0])["DOT_ST"]
     assert dst != "tf32"
     with force_config(seg=SEG_MULTIPLE):
         check_case(args, kw)
@@ -1024,13 +1026,13 @@ def test_kernels_after_the_forward_kernel_read_its_processed_dt(monkeypatch, opt
     store it) and active limits, against the float64 reference with every buffer NaN-poisoned (a row the forward
     kernel did not store would poison the gradients)."""
     seen = []
-    orig = triton_op._launch
+    orig = autograd._launch
 
     def spy(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg=None):
         seen.append((which, kwargs.get("GRAD"), kwargs["SOFTPLUS"], kwargs["HAS_BIAS"]))
         return orig(jit_fn, tuned_fn, configs, which, grid_fn, args, kwargs, cfg)
 
-    monkeypatch.setattr(triton_op, "_launch", spy)
+    monkeypatch.setattr(autograd, "_launch", spy)
     opt = dict(opt)
     direction, shift = opt.pop("direction"), opt.pop("shift", False)
     args, kw = make_inputs(l=3 * SEG_MULTIPLE + 5, p=40, dt_limit=(0.05, 0.9), seed=31, **opt)
@@ -1048,10 +1050,10 @@ def test_kernels_after_the_forward_kernel_read_its_processed_dt(monkeypatch, opt
 
 def test_sizes_beyond_the_kernels_are_refused_before_launch():
     """headdim / d_state the kernels cannot hold in shared memory (measured for sm_90, see
-    validate.triton_dims_supported): backend="triton" raises a ValueError naming both sizes, before any launch;
+    api.triton_dims_supported): backend="triton" raises a ValueError naming both sizes, before any launch;
     backend="auto" falls back to the PyTorch op there."""
-    from yolo_bimamba.ops.bi_ssd import auto_picks_triton
-    from yolo_bimamba.ops.validate import triton_dims_supported
+    from yolo_bimamba.ops.bi_ssd.api import auto_picks_triton
+    from yolo_bimamba.ops.bi_ssd.api import triton_dims_supported
 
     assert triton_dims_supported(128, 128, torch.float32) and triton_dims_supported(100, 33, torch.float32)
     assert triton_dims_supported(64, 256, torch.bfloat16) and triton_dims_supported(256, 48, torch.bfloat16)
@@ -1063,8 +1065,8 @@ def test_sizes_beyond_the_kernels_are_refused_before_launch():
     assert auto_picks_triton(64, 64, torch.bfloat16) and not auto_picks_triton(256, 256, torch.bfloat16)
 
     launches = []
-    orig = triton_op._launch
-    triton_op._launch = lambda *a, **k: launches.append(a)
+    orig = autograd._launch
+    autograd._launch = lambda *a, **k: launches.append(a)
     try:
         for p, n, dtype in ((256, 256, torch.bfloat16), (64, 256, torch.float32), (200, 130, torch.bfloat16),
                             (128, 128, torch.float64)):
@@ -1074,7 +1076,7 @@ def test_sizes_beyond_the_kernels_are_refused_before_launch():
             y = bi_ssd(*args, **kw, backend="auto")  # CPU tensors: the PyTorch op, at any size
             assert torch.isfinite(y).all()
     finally:
-        triton_op._launch = orig
+        autograd._launch = orig
     assert not launches
 
 
@@ -1084,9 +1086,9 @@ def test_kernels_at_256_tiles(monkeypatch, p, n, fi):
     """headdim or d_state of 256 (tiles of 256, taken for 16-bit inputs on the GPU): the kernels' arithmetic at those
     tile sizes, in fp32 under the interpreter (which cannot run bf16), against float64; L not a multiple of a chunk and
     two segments. Every forward and state config, and every backward config that is not pruned at these sizes."""
-    from yolo_bimamba.ops.triton_kernels import bwd_config_fits
+    from yolo_bimamba.ops.bi_ssd.tuning import bwd_config_fits
 
-    monkeypatch.setattr(triton_op, "validate_bi_ssd", lambda *a, **k: None)  # fp32 is refused at 256 on the GPU
+    monkeypatch.setattr(autograd, "validate_bi_ssd", lambda *a, **k: None)  # fp32 is refused at 256 on the GPU
     fitting = [i for i, c in enumerate(BWD_CONFIGS) if bwd_config_fits(c, p, n)]
     assert len(fitting) >= 2
     args, kw = make_inputs(l=SEG_MULTIPLE + 7, h=2, p=p, n=n, seed=p + n)
@@ -1097,13 +1099,13 @@ def test_kernels_at_256_tiles(monkeypatch, p, n, fi):
 def test_default_backward_config_rule(monkeypatch):
     """Without autotuning (and under the interpreter, nothing forced): the two-stage backward config at headdim and
     d_state <= 32, config 0 above; the op launches the one the rule names."""
-    rule = triton_op.default_config
-    assert rule("bwd", dict(P=32, N=32)) == rule("bwd", dict(P=16, N=8)) == triton_op.DEFAULT_BWD_SMALL
-    assert rule("bwd", dict(P=64, N=32)) == rule("bwd", dict(P=32, N=64)) == triton_op.DEFAULT_CONFIGS["bwd"]
-    assert BWD_CONFIGS[triton_op.DEFAULT_BWD_SMALL].num_stages == 2
-    assert rule("fwd", dict(P=16, N=16)) == rule("fwd", dict(P=32, N=32)) == triton_op.DEFAULT_FWD_SMALL
-    assert rule("fwd", dict(P=64, N=32)) == triton_op.DEFAULT_CONFIGS["fwd"]
-    assert FWD_CONFIGS[triton_op.DEFAULT_FWD_SMALL].kwargs == dict(BLOCK_Q=64, BLOCK_P=32)
+    rule = tuning.default_config
+    assert rule("bwd", dict(P=32, N=32)) == rule("bwd", dict(P=16, N=8)) == tuning.DEFAULT_BWD_SMALL
+    assert rule("bwd", dict(P=64, N=32)) == rule("bwd", dict(P=32, N=64)) == tuning.DEFAULT_CONFIGS["bwd"]
+    assert BWD_CONFIGS[tuning.DEFAULT_BWD_SMALL].num_stages == 2
+    assert rule("fwd", dict(P=16, N=16)) == rule("fwd", dict(P=32, N=32)) == tuning.DEFAULT_FWD_SMALL
+    assert rule("fwd", dict(P=64, N=32)) == tuning.DEFAULT_CONFIGS["fwd"]
+    assert FWD_CONFIGS[tuning.DEFAULT_FWD_SMALL].kwargs == dict(BLOCK_Q=64, BLOCK_P=32)
     # the backward's pairs kernel: 2 warps in chunks of 32 rows, 4 in chunks of 64; the forward's: 2 warps in chunks
     # of either size (as measured on an H200)
     for pn in (dict(P=32, N=32), dict(P=64, N=64), dict(P=64, N=32), dict(P=64, N=128)):
@@ -1112,23 +1114,23 @@ def test_default_backward_config_rule(monkeypatch):
         assert PAIRS_CONFIGS[rule("fwd_pairs", dict(pn, BLOCK_Q=32))].num_warps == 2
         assert PAIRS_CONFIGS[rule("fwd_pairs", dict(pn, BLOCK_Q=64))].num_warps == 2
     launched = []
-    orig = triton_op._run_config
+    orig = autograd._run_config
 
     def spy(jit_fn, grid_fn, args, kwargs, cfg):
-        if jit_fn is triton_op._bi_ssd_bwd_kernel:
+        if jit_fn is autograd._bi_ssd_bwd_kernel:
             launched.append((kwargs["P"], cfg))
-        elif jit_fn is triton_op._bi_ssd_fwd_pairs_kernel:
+        elif jit_fn is autograd._bi_ssd_fwd_pairs_kernel:
             fwd_pairs.append((kwargs["BLOCK_Q"], cfg.num_warps))
         return orig(jit_fn, grid_fn, args, kwargs, cfg)
 
     fwd_pairs = []
-    monkeypatch.setattr(triton_op, "_run_config", spy)
+    monkeypatch.setattr(autograd, "_run_config", spy)
     for p in (16, 64):
         args, kw = make_inputs(b=1, l=40, h=2, g=1, p=p, n=16)
         check_case(args, kw)
     # (BiMamba2 mode: one backward launch for both directions at these sizes, see test_split_directions_rule)
-    assert launched == [(16, BWD_CONFIGS[triton_op.DEFAULT_BWD_SMALL]),
-                        (64, BWD_CONFIGS[triton_op.DEFAULT_CONFIGS["bwd"]])], launched
+    assert launched == [(16, BWD_CONFIGS[tuning.DEFAULT_BWD_SMALL]),
+                        (64, BWD_CONFIGS[tuning.DEFAULT_CONFIGS["bwd"]])], launched
     # the forward's pairs kernel in the chunks of 64 of the forward's default configs, with 2 warps
     assert fwd_pairs == [(64, 2), (64, 2)], fwd_pairs
 
@@ -1136,13 +1138,13 @@ def test_default_backward_config_rule(monkeypatch):
 def test_split_directions_rule(monkeypatch):
     """Default ("auto"): one backward launch for BiMamba2 mode at headdim and d_state <= 64, two otherwise; the
     environment's "0" / "1" force one / two."""
-    rule = triton_op._split_directions
-    monkeypatch.setattr(triton_op, "_SPLIT_DIRECTIONS", "auto")
+    rule = tuning._split_directions
+    monkeypatch.setattr(config, "SPLIT_DIRECTIONS", "auto")
     assert not rule(32, 32, True) and not rule(16, 24, True) and not rule(64, 64, True) and not rule(64, 32, True)
     assert rule(64, 128, True) and rule(128, 64, True) and rule(32, 32, False) and rule(64, 64, False)
-    monkeypatch.setattr(triton_op, "_SPLIT_DIRECTIONS", "0")
+    monkeypatch.setattr(config, "SPLIT_DIRECTIONS", "0")
     assert not rule(64, 64, False)
-    monkeypatch.setattr(triton_op, "_SPLIT_DIRECTIONS", "1")
+    monkeypatch.setattr(config, "SPLIT_DIRECTIONS", "1")
     assert rule(32, 32, True)
 
 
@@ -1152,8 +1154,9 @@ def test_grad_sums_kernel_many_rows(dtype, d_per_p, has_bias):
     """_bi_ssd_grad_sums_kernel at more rows than one step of it (batch 37 > 16 rows, 3 segments: several steps and
     a masked tail; the op tests run batches of 1-2): dA, d dt_bias, dD equal the float64 sums of the partials, every
     element of the NaN-poisoned outputs written, nothing written past them (NaN guards), the same bits run to run."""
-    from yolo_bimamba.ops.triton_kernels import _bi_ssd_grad_sums_kernel
-    from yolo_bimamba.ops.triton_op import _GRAD_SUM_ROWS, compute_dtype, kernel_tile, launch
+    from yolo_bimamba.ops.bi_ssd.kernels_reductions import _bi_ssd_grad_sums_kernel
+    from yolo_bimamba.ops.bi_ssd.autograd import compute_dtype, kernel_tile, launch
+    from yolo_bimamba.ops.bi_ssd.tuning import GRAD_SUM_ROWS as _GRAD_SUM_ROWS
 
     b, h, nseg, p = 37, 3, 3, 5
     assert b > _GRAD_SUM_ROWS and (b * nseg) % _GRAD_SUM_ROWS != 0
@@ -1163,13 +1166,13 @@ def test_grad_sums_kernel_many_rows(dtype, d_per_p, has_bias):
     d_shape = (h, p) if d_per_p else (h,)
 
     def run():  # outputs from the op's own allocator, NaN-filled inside NaN guards (poison_outputs)
-        with triton_op.poison_outputs(True):
-            dA, dbias, dD = (triton_op._alloc(s, dtype, DEV) for s in ((h,), (h,), d_shape))
+        with kernel_buffers.poison_outputs(True):
+            dA, dbias, dD = (autograd._alloc(s, dtype, DEV) for s in ((h,), (h,), d_shape))
             launch(_bi_ssd_grad_sums_kernel, (h,), (part.to(dtype).to(DEV), part_d.to(dtype).to(DEV), dA,
                                                     dbias if has_bias else dA, dD, b, h, nseg),
                    dict(P=p, BLOCK_P=kernel_tile(p), BLOCK_R=_GRAD_SUM_ROWS, HAS_BIAS=has_bias, HAS_D=True,
                         D_PER_P=d_per_p, COMPUTE=compute_dtype(dtype), num_warps=1))
-            assert triton_op.check_guards(), "a write outside the outputs"
+            assert kernel_buffers.check_guards(), "a write outside the outputs"
         return dA.cpu(), dbias.cpu(), dD.cpu()
 
     dA, dbias, dD = run()

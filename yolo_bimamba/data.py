@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import config
+
 __all__ = ["DEFAULTS", "GENERATORS", "build_dataset", "build_digits_dataset", "cache_root", "resolve_data_yaml",
            "dataset_spec"]
 
@@ -47,7 +49,7 @@ NAMES = [str(i) for i in range(10)]
 
 def cache_root() -> Path:
     """Directory under which generated datasets are cached."""
-    env = os.environ.get("YOLO_BIMAMBA_CACHE")
+    env = config.cache_dir()
     if env:
         return Path(env).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
+from . import config
 from .data import _key, build_cached, cache_root, data_yaml_text, write_labels
 
 __all__ = ["DEFAULTS", "NAMES", "build_fashion_dataset", "load_fashion_mnist", "source_dir", "write_sources"]
 
 VERSION = 1  # bump when the scene recipe changes: it is part of the cache key
 NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
-DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
 INSTALL_HINT = ("Fashion-MNIST not found: install Debian's package (apt-get install dataset-fashion-mnist) or point "
                 "$YOLO_BIMAMBA_FASHION_MNIST at a folder holding train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
                 "t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz")
@@ -63,7 +63,7 @@ SOURCE_NPZ = "fashion-mnist-pools-{pool_train}-{pool_val}.npz"
 
 def source_dir() -> Path:
     """Folder holding the Fashion-MNIST idx files ($YOLO_BIMAMBA_FASHION_MNIST, else Debian's install folder)."""
-    return Path(os.environ.get("YOLO_BIMAMBA_FASHION_MNIST") or DEBIAN_DIR)
+    return Path(config.fashion_mnist_dir())
 
 
 def _read_idx(path: Path) -> np.ndarray:

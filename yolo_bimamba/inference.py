@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .nn.cuda_graph import capture, end_stuck_capture, hooked
-from .ops.fused_switch import graph_tracing
+from .ops.backend_choice import graph_tracing
 
 __all__ = ["graph_inference", "GraphedForward"]
 

@@ -15,9 +15,10 @@ comparing the two recipes.
 from __future__ import annotations
 
 import functools
-import os
 
 from torch import nn
+
+from . import config
 
 __all__ = ["no_decay_parameters", "apply_no_decay", "install", "enabled"]
 
@@ -92,7 +93,7 @@ def apply_no_decay(optimizer, model: nn.Module) -> int:
 
 def enabled() -> bool:
     """False when ``YOLO_BIMAMBA_SSM_NO_DECAY=0``: the trainer then groups our parameters as Ultralytics does."""
-    return os.environ.get("YOLO_BIMAMBA_SSM_NO_DECAY", "1").strip() != "0"
+    return config.ssm_no_decay()
 
 
 def _wrap_build_optimizer(original):

@@ -9,7 +9,6 @@ The activations come in fp32 or bf16 with fp32 weights (what AMP hands over from
 """
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
@@ -149,17 +148,16 @@ def test_fp16_autocast_runs_the_scan_in_bf16(monkeypatch, mixer):
     parameters' gradients are within the 16-bit tolerance of the fp32 module's, and finite."""
     from yolo_bimamba.nn.bimamba2 import BiMamba2
     from yolo_bimamba.nn.hydra import Hydra
-    from yolo_bimamba.ops import triton_op
-
-    bi_ssd_mod = importlib.import_module("yolo_bimamba.ops.bi_ssd")  # the module (ops.bi_ssd is the function)
+    from yolo_bimamba import config
+    from yolo_bimamba.ops.bi_ssd import autograd
 
     assert torch.cuda.get_device_capability()[0] >= 8, "this test wants a GPU with bf16 tensor cores"
     # the default configs (no autotuning: this is about the dtypes; the first Hydra call of three dtypes autotuned
     # for over 2 minutes on an H200)
-    monkeypatch.setattr(triton_op, "_AUTOTUNE", False)
+    monkeypatch.setattr(config, "AUTOTUNE", False)
     seen = []
-    orig = triton_op.bi_ssd_triton
-    monkeypatch.setattr(triton_op, "bi_ssd_triton",
+    orig = autograd.bi_ssd_triton
+    monkeypatch.setattr(autograd, "bi_ssd_triton",
                         lambda x, dt, A, B, C, **kw: seen.append((x.dtype, B.dtype, C.dtype)) or orig(x, dt, A, B, C, **kw))
     torch.manual_seed(0)
     cls = BiMamba2 if mixer == "bimamba2" else Hydra
@@ -176,7 +174,7 @@ def test_fp16_autocast_runs_the_scan_in_bf16(monkeypatch, mixer):
     y32, g32 = run(False)
     out = {}
     for mode in ("bf16", "fp16"):
-        monkeypatch.setattr(bi_ssd_mod, "FP16_SCAN", mode)
+        monkeypatch.setattr(config, "FP16_SCAN", mode)
         seen.clear()
         y, g = run(True)
         want = torch.bfloat16 if mode == "bf16" else torch.float16

@@ -50,7 +50,7 @@ pytestmark = [
 
 TOL = {torch.float32: 2e-3, torch.bfloat16: 1.5e-2, torch.float16: 5e-3}
 DTYPES = [torch.float32, torch.bfloat16]
-# fp16 (Ultralytics' default AMP dtype) has a dot policy of its own (triton_op._dot_precisions): its cases run at the
+# fp16 (Ultralytics' default AMP dtype) has a dot policy of its own (autograd._dot_precisions): its cases run at the
 # detection shapes, every config and the autotuned first call
 FP16 = [torch.float16]
 CHUNK = 64
@@ -239,25 +239,28 @@ def cached_reference(key, make):
 
 
 def _op_module():
+    """The Triton backend's tuning module (None for the PyTorch backend)."""
     if BACKEND != "triton":
         return None
-    from yolo_bimamba.ops import triton_op
+    from yolo_bimamba.ops.bi_ssd import tuning
 
-    return triton_op
+    return tuning
 
 
 def poisoned_run(inp, dy, opts, dtype, forcer=contextlib.nullcontext, **extra):
     """One run with NaN-poisoned memory: the caching allocator's free blocks, and (the op's test hook)
     every output / gradient buffer inside NaN guard regions that must stay untouched."""
     poison_allocator(4 * io_bytes(inp, dtype) + (64 << 20))
+    from yolo_bimamba.ops import kernel_buffers
+
     to = _op_module()
-    hook = to.poison_outputs(True) if to is not None and hasattr(to, "poison_outputs") else contextlib.nullcontext()
+    hook = kernel_buffers.poison_outputs(True) if to is not None else contextlib.nullcontext()
     with hook, forcer():
         out = run(inp, dy, opts, dtype, backend=BACKEND, **extra)
-    if to is not None and hasattr(to, "check_guards"):
+    if to is not None:
         if DEVICE == "cuda":
             torch.cuda.synchronize()
-        assert to.check_guards(), "a kernel wrote outside its output buffers (NaN guard regions changed)"
+        assert kernel_buffers.check_guards(), "a kernel wrote outside its output buffers (NaN guard regions changed)"
     return out
 
 
@@ -277,7 +280,7 @@ def accuracy_case(s, dtype, *, seed, label, hydra=False, extra=None, forcer=cont
 @pytest.fixture(scope="module", autouse=True)
 def _backend_present():
     if BACKEND == "triton":  # a missing Triton backend is a failure here, never a skip
-        from yolo_bimamba.ops import triton_op  # noqa: F401
+        from yolo_bimamba.ops.bi_ssd import autograd, tuning  # noqa: F401
     if DEVICE == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # the float64 reference must not use tf32
     yield
@@ -365,14 +368,13 @@ def test_one_head_per_group(hydra, dtype):
 def config_forcers():
     """[(label, context manager factory)] for every config of every kernel (kernel helper's API).
 
-    ``triton_op.force_config(fwd=i, bwd=j, state=k, pairs=m, split=...)`` with ``FWD_CONFIGS`` / ``BWD_CONFIGS`` /
+    ``tuning.force_config(fwd=i, bwd=j, state=k, pairs=m, split=...)`` with ``FWD_CONFIGS`` / ``BWD_CONFIGS`` /
     ``STATE_CONFIGS`` / ``PAIRS_CONFIGS``: the lists are cycled together, so every config of each list runs at least
     once, with the backward's two directions alternately in two launches and in one.
     """
     if BACKEND != "triton":
         return [("default", contextlib.nullcontext)]
-    from yolo_bimamba.ops import triton_kernels as tk
-    from yolo_bimamba.ops import triton_op as to
+    from yolo_bimamba.ops.bi_ssd import tuning as tk
 
     nf, nb, ns, npair = len(tk.FWD_CONFIGS), len(tk.BWD_CONFIGS), len(tk.STATE_CONFIGS), len(tk.PAIRS_CONFIGS)
     out = []
@@ -380,7 +382,7 @@ def config_forcers():
         fi, bi, si, pi = i % nf, i % nb, i % ns, i % npair
         split = i % 2 == 0  # the backward's directions in two launches or in one
         out.append((f"fwd{fi}-bwd{bi}-state{si}-pairs{pi}-{'split' if split else 'fused'}",
-                    lambda fi=fi, bi=bi, si=si, pi=pi, split=split: to.force_config(
+                    lambda fi=fi, bi=bi, si=si, pi=pi, split=split: tk.force_config(
                         fwd=fi, bwd=bi, state=si, pairs=pi, split=split)))
     return out
 
@@ -429,7 +431,7 @@ def test_ordered_group_rows(s, direction, dtype):
 
 
 try:
-    from yolo_bimamba.ops.triton_kernels import BWD_CONFIGS as _BWD_CONFIGS
+    from yolo_bimamba.ops.bi_ssd.tuning import BWD_CONFIGS as _BWD_CONFIGS
     _BWD_IDS = list(range(len(_BWD_CONFIGS)))
 except Exception as _exc:  # noqa: BLE001 - reported as a failing test below, never skipped
     _BWD_IDS = [_exc]
@@ -511,9 +513,11 @@ def test_autotuned_first_call(dtype):
     to = _op_module()
     if to is None:
         pytest.skip("autotuning belongs to the triton backend")
-    old = to._AUTOTUNE
-    to._AUTOTUNE = True
-    for tuned in (to._fwd_tuned, to._bwd_tuned, to._state_tuned, to._pairs_tuned, to._fwd_pairs_tuned):
+    from yolo_bimamba import config
+
+    old = config.AUTOTUNE
+    config.AUTOTUNE = True
+    for tuned in (to.fwd_tuner, to.bwd_tuner, to.state_tuner, to.bwd_pairs_tuner, to.fwd_pairs_tuner):
         tuned.cache.clear()
     to._chosen.clear()
     try:
@@ -521,7 +525,7 @@ def test_autotuned_first_call(dtype):
                       extra={"shift": True} if dtype == torch.float32 else {})
         assert to._chosen, "the tuned configs were not kept for the second call"
     finally:
-        to._AUTOTUNE = old
+        config.AUTOTUNE = old
 
 
 # launches after the first of a specialisation: the kept compiled kernel, without Triton's JITFunction.run ------
@@ -534,16 +538,17 @@ def test_direct_launch(dtype):
     get a kernel of their own, as Triton's specialisation requires, and are still accurate."""
     if BACKEND != "triton":
         pytest.skip("direct launches belong to the triton backend")
+    from yolo_bimamba import config
     from yolo_bimamba.ops import launch
 
-    assert launch.CHECK, "the GPU suite checks every direct launch (conftest sets YOLO_BIMAMBA_CHECK_LAUNCH=1)"
+    assert config.CHECK_LAUNCH, "the GPU suite checks every direct launch (conftest sets YOLO_BIMAMBA_CHECK_LAUNCH=1)"
     s = _shape(4, 1000, 8, 32, 32)
     inp, dy, opts = make_inputs(s, seed=12)
-    old = launch.DIRECT
+    old = config.DIRECT_LAUNCH
     try:
-        launch.DIRECT = False
+        config.DIRECT_LAUNCH = False
         through_triton = run(inp, dy, opts, dtype, backend=BACKEND)
-        launch.DIRECT = True
+        config.DIRECT_LAUNCH = True
         run(inp, dy, opts, dtype, backend=BACKEND)  # compiles or finds the kernels, keeps them
         before = dict(launch.counts)
         direct = run(inp, dy, opts, dtype, backend=BACKEND)
@@ -568,13 +573,13 @@ def test_direct_launch(dtype):
         bad = accuracy_problems(outs[1], ref, dtype, "misaligned") + repeat_problems(outs[0], outs[1])
         assert not bad, "misaligned inputs: " + "; ".join(bad)
     finally:
-        launch.DIRECT = old
+        config.DIRECT_LAUNCH = old
 
 
 # the bf16 split of the state dots on the GPU's real bf16 bit operations ------------------------
 
 def test_bf16_rounding_and_split_on_the_gpu():
-    """The split the bf16 policy's state dots use (triton_kernels._split_bf16: masks and a bit cast to bf16 on the
+    """The split the bf16 policy's state dots use (kernels_common._split_bf16: masks and a bit cast to bf16 on the
     GPU, fp32 values in the interpreter) gives the same exact parts on the GPU as the CPU test checks emulated."""
     if BACKEND != "triton":
         pytest.skip("the split belongs to the triton backend")

@@ -7,11 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import bi_ssd
-from ..ops.bi_ssd import mixer_scan_dtype
-from ..ops.chunked import bi_ssd_torch_channels_first
+from ..ops.bi_ssd.api import mixer_bi_ssd
+from ..ops.bi_ssd.torch_backend import bi_ssd_torch_channels_first
 from ..ops.dwconv import dwconv_silu, dwconv_silu_channels_first
-from ..ops.fused_switch import graph_tracing
+from ..ops.backend_choice import graph_tracing
 from .norm import RMSNormGated
 
 #: A = -exp(A_log) is computed with A_log clamped to at most this value (|A| <= 1e3), so that
@@ -115,13 +114,12 @@ class BiMamba2(nn.Module):
         xbc = dwconv_silu(xbc, self.conv1d.weight, self.conv1d.bias, backend=self.backend)  # fused on CUDA
         x, B, C = torch.split(xbc, [self.d_inner, gn, gn], dim=-1)
         A = self._A()
-        sd = mixer_scan_dtype(x, self.headdim, self.d_state, self.backend)  # fp16 -> bf16 on CUDA (FP16_SCAN)
-        y = bi_ssd(
-            x.reshape(b, l, self.nheads, self.headdim).to(sd), dt, A,
-            B.reshape(b, l, self.ngroups, self.d_state).to(sd), C.reshape(b, l, self.ngroups, self.d_state).to(sd),
+        y = mixer_bi_ssd(  # (the scan in bf16 under fp16 AMP on CUDA: ops.bi_ssd.api.mixer_scan_dtype)
+            x.reshape(b, l, self.nheads, self.headdim), dt, A,
+            B.reshape(b, l, self.ngroups, self.d_state), C.reshape(b, l, self.ngroups, self.d_state),
             chunk_size=self.chunk_size, D=self.D, dt_bias=self.dt_bias, dt_softplus=True,
             dt_limit=self.dt_limit, backend=self.backend,
-        ).to(x.dtype)
+        )
         y = self.norm(y.reshape(b, l, self.d_inner), z)
         return self.out_proj(y)
 

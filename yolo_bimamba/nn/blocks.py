@@ -8,7 +8,7 @@ from timm.layers import DropPath, Mlp
 from torch import nn
 from ultralytics.nn.modules import Conv
 
-from ..ops.fused_switch import graph_tracing
+from ..ops.backend_choice import graph_tracing
 from ..ops.layer_norm import layer_norm_channels_first
 from . import cuda_graph
 from .bimamba2 import BiMamba2
@@ -87,7 +87,9 @@ class BiMambaLayer2D(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or x.shape[1] != self.dim:
             raise ValueError(f"{type(self).__name__}: input must have shape (N, {self.dim}, H, W), got {tuple(x.shape)}")
-        return cuda_graph.run(self, self._forward, x)  # CUDA training: graph replays (cuda_graph), else eager
+        if cuda_graph.may_replay(self, x):  # CUDA training: graph replays (cuda_graph.run; eager where unsafe)
+            return cuda_graph.run(self, self._forward, x)
+        return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, h, w = x.shape

@@ -14,7 +14,7 @@ output) aliases a buffer that the next replay overwrites.
 
 The eager layer is used instead whenever a replay could differ from it or could not be captured:
 - not CUDA, not training, gradients off, or inside another capture or a traced or exported graph (``torch.jit``,
-  ONNX export, ``torch.export``, ``torch.compile``: ops.fused_switch.graph_tracing);
+  ONNX export, ``torch.export``, ``torch.compile``: ops.backend_choice.graph_tracing);
 - any module hook on the layer or global module hook (they may run host code, e.g. ``nan_debug``'s checks);
 - a parameter that does not require a gradient (frozen layers);
 - the previous replay of the same graph still waits for its backward (the layer called twice in one step): a second
@@ -27,22 +27,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import weakref
 
 import torch
 from torch import nn
 
-from ..ops.fused_switch import graph_tracing
+from .. import config
+from ..ops.backend_choice import graph_tracing
 
-__all__ = ["run", "enabled", "graphed_shapes", "summary", "capture", "end_stuck_capture", "hooked", "MAX_SHAPES"]
+__all__ = ["run", "may_replay", "enabled", "graphed_shapes", "summary", "capture", "end_stuck_capture", "hooked",
+           "MAX_SHAPES"]
 
 MAX_SHAPES = 4  # input shapes per layer kept as graphs (training uses one or two: full batches and the last one)
 WARMUP = 2  # eager fwd+bwd runs before a capture: the Triton kernels compile and autotune there, not in the capture
 # Only the capturing thread's unsafe CUDA calls are refused while a layer is captured. Under torch's default ("global")
 # every thread's are: a DataLoader's pin-memory thread that allocates pinned host memory during a capture then dies
-# with "operation not permitted when stream is capturing" and takes `yolo train` down with it (seen on an H200,
-# workers=12, pin_memory on, as Ultralytics trains).
+# with "operation not permitted when stream is capturing" and takes `yolo train` down with it (workers and pin_memory
+# on, as Ultralytics trains).
 CAPTURE_MODE = "thread_local"
 
 _LOG = logging.getLogger("yolo_bimamba")
@@ -50,7 +51,7 @@ _graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> {ke
 
 
 def enabled() -> bool:
-    return os.environ.get("YOLO_BIMAMBA_CUDA_GRAPHS", "1") != "0"
+    return config.cuda_graphs()
 
 
 def graphed_shapes(layer: nn.Module) -> list:
@@ -81,8 +82,14 @@ def hooked(layer: nn.Module) -> bool:
                for s in layer.modules())
 
 
+def may_replay(layer: nn.Module, x: torch.Tensor) -> bool:
+    """The cheap part of the test whether :func:`run` may replay a graph: CUDA training with replay on. Layers call
+    the eager forward themselves where it fails (inference, CPU, no gradients)."""
+    return enabled() and x.is_cuda and layer.training and torch.is_grad_enabled()
+
+
 def _usable(layer: nn.Module, x: torch.Tensor, params) -> bool:
-    if not (enabled() and x.is_cuda and layer.training and torch.is_grad_enabled()):
+    if not may_replay(layer, x):
         return False
     if graph_tracing() or torch.cuda.is_current_stream_capturing():
         return False

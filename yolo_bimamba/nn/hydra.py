@@ -39,10 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import bi_ssd
-from ..ops.bi_ssd import mixer_scan_dtype
+from ..ops.bi_ssd.api import mixer_bi_ssd
 from ..ops.dwconv import dwconv_silu
-from ..ops.reference import process_dt
+from ..ops.bi_ssd.reference import process_dt
 from .bimamba2 import init_dt_bias
 from .blocks import BiMambaLayer2D, C2fBiMamba
 from .norm import RMSNormGated
@@ -164,12 +163,11 @@ class Hydra(nn.Module):
         A = -torch.exp(self.A_log.float())
         grp = lambda t: t.reshape(b, l, g, n)  # noqa: E731
         x4 = x.reshape(b, l, h, p)
-        sd = mixer_scan_dtype(x, p, n, self.backend)  # fp16 -> bf16 on CUDA (ops.bi_ssd.FP16_SCAN)
-        y = bi_ssd(
-            x4.to(sd), dt_f, A, grp(B_f).to(sd), grp(C_f).to(sd),
+        y = mixer_bi_ssd(  # (the scan in bf16 under fp16 AMP on CUDA: ops.bi_ssd.api.mixer_scan_dtype)
+            x4, dt_f, A, grp(B_f), grp(C_f),
             chunk_size=self.chunk_size, dt_bias=self.dt_bias, dt_softplus=True, dt_limit=self.dt_limit,
-            shift=True, dt_bwd=dt_b, B_bwd=grp(B_b).to(sd), C_bwd=grp(C_b).to(sd), backend=self.backend,
-        ).to(x.dtype)
+            shift=True, dt_bwd=dt_b, B_bwd=grp(B_b), C_bwd=grp(C_b), backend=self.backend,
+        )
         if self.learnable_init_states:
             y = y + self._init_state_term(dt_f, dt_b, A, grp(C_f), grp(C_b), y.dtype)
         skip = F.linear(x, self.fc_D.weight, self.D)  # (b, l, h): fc_D(x) + D

@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fused_switch import (ForcedConfig, accumulation_dtype, alloc, compute_dtype, graph_tracing, runs_triton,
-                           triton_usable)
+from .. import config
+from .backend_choice import ForcedConfig, graph_tracing, runs_triton, triton_usable
+from .kernel_buffers import accumulation_dtype, alloc, compute_dtype
 from .launch import launch
 
 
@@ -62,7 +63,7 @@ def validate_dwconv(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 
 def _triton_ok() -> bool:
-    return triton_usable("yolo_bimamba.ops.dwconv_kernels", "YOLO_BIMAMBA_FUSED_CONV")
+    return triton_usable("yolo_bimamba.ops.dwconv_kernels", config.fused_conv)
 
 
 def dwconv_silu(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fused_switch import ForcedConfig, accumulation_dtype, alloc, compute_dtype, runs_triton, triton_usable
+from .. import config
+from .backend_choice import ForcedConfig, runs_triton, triton_usable
+from .kernel_buffers import accumulation_dtype, alloc, compute_dtype
 from .launch import launch
 
 MAX_TILE = 8192  # rows x padded channels per program
@@ -41,7 +43,7 @@ def validate_gated_rmsnorm(x, z, weight) -> None:
 
 
 def _triton_ok() -> bool:
-    return triton_usable("yolo_bimamba.ops.gated_norm_kernels", "YOLO_BIMAMBA_FUSED_NORM")
+    return triton_usable("yolo_bimamba.ops.gated_norm_kernels", config.fused_norm)
 
 
 def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, *,

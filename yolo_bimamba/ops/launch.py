@@ -2,8 +2,8 @@
 
 Every ``kernel[grid](...)`` goes through Triton's ``JITFunction.run``, which binds and specialises each argument,
 builds a cache key, looks the compiled kernel up and checks the kernel's globals, on every launch. At a detection
-model's shapes the SSD op is bound by that host work (about 0.1 ms per launch under cProfile on the H200 machine,
-7-11 launches per fwd+bwd call; ``benchmarks/profile_gpu.py host``).
+model's shapes the SSD op is bound by that host work (7-11 launches per fwd+bwd call; ``benchmarks/profile_gpu.py
+host`` measures it).
 
 :func:`launch` keeps the compiled kernel Triton returned for the first launch of a specialisation, under a key made
 of what Triton specialises on (each tensor's dtype and 16-byte alignment, each integer's size class, divisibility
@@ -19,12 +19,10 @@ that they are unchanged (the package never changes them at run time).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-DIRECT = os.environ.get("YOLO_BIMAMBA_DIRECT_LAUNCH", "1") not in ("", "0")
-CHECK = os.environ.get("YOLO_BIMAMBA_CHECK_LAUNCH", "0") not in ("", "0")
+from .. import config
+
 _CACHE_MAX = 4096
 _kept: dict = {}
 counts = {"direct": 0, "triton": 0}  # launches by path, for the tests and the benchmarks
@@ -90,14 +88,14 @@ def launch(fn, grid, args, kwargs):
     """``fn[grid](*args, **kwargs)`` (``kwargs``: constexpr arguments and launch options such as num_warps), with the
     compiled kernel launched directly once Triton has compiled it for this specialisation."""
     key = None
-    if DIRECT and args and isinstance(args[0], torch.Tensor) and args[0].is_cuda:
+    if config.DIRECT_LAUNCH and args and isinstance(args[0], torch.Tensor) and args[0].is_cuda:
         device = torch.cuda.current_device()
         key = cache_key(fn, device, args, kwargs)
         if key is not None:
             kept = _kept.get(key)
             if kept is not None and kept[0] is fn and not _hooks_set():
                 _fn, kernel, tail, spec = kept
-                if CHECK and _triton_specialization(fn, device, args, kwargs) != spec:
+                if config.CHECK_LAUNCH and _triton_specialization(fn, device, args, kwargs) != spec:
                     raise RuntimeError(f"direct launch of {fn.__name__}: Triton specialises these arguments "
                                        f"differently from the kept kernel")
                 g = tuple(grid) + (1, 1)
@@ -111,7 +109,7 @@ def launch(fn, grid, args, kwargs):
     if key is not None and kernel is not None and not hasattr(kernel, "result"):
         if len(_kept) >= _CACHE_MAX:
             _kept.clear()
-        spec = _triton_specialization(fn, device, args, kwargs) if CHECK else None
+        spec = _triton_specialization(fn, device, args, kwargs) if config.CHECK_LAUNCH else None
         _kept[key] = (fn, kernel, _tail(fn, len(args), kwargs), spec)
     return kernel
 

@@ -4,9 +4,8 @@
 L = prod(spatial) tokens, (N, L, C): what ``nn.LayerNorm(C)(x.flatten(2).transpose(1, 2))`` computes. On CUDA it runs
 one Triton kernel forward and one backward (ops.layer_norm_kernels) that read x channels-first and write the
 token-major output, in x's dtype, with fp32 arithmetic. PyTorch's path instead copies the transposed tokens, casts
-them to fp32 (autocast runs layer_norm in fp32), and under AMP the next projection casts the fp32 output back: about
-1.7 ms of a yolov8n-bimamba training step's GPU time on an H200 (bf16 AMP, 640 px, batch 32), most of it the
-weight and bias gradients' reduction. Elsewhere (CPU, tracing, export, backend "torch") it is that expression, as
+them to fp32 (autocast runs layer_norm in fp32), and under AMP the next projection casts the fp32 output back (most
+of its time the weight and bias gradients' reduction). Elsewhere (CPU, tracing, export, backend "torch") it is that expression, as
 before. ``YOLO_BIMAMBA_FUSED_NORM=0`` turns the kernels off (as for the gated RMSNorm).
 
 Under autocast the kernel's output keeps x's dtype (bf16 / fp16) where PyTorch's is fp32: the in-projection that
@@ -17,7 +16,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fused_switch import ForcedConfig, accumulation_dtype, alloc, compute_dtype, runs_triton, triton_usable
+from .. import config
+from .backend_choice import ForcedConfig, runs_triton, triton_usable
+from .kernel_buffers import accumulation_dtype, alloc, compute_dtype
 from .launch import launch
 
 MAX_TILE = 8192  # tokens x padded channels per program
@@ -53,7 +54,7 @@ def validate_layer_norm_channels_first(x, weight, bias) -> None:
 
 
 def _triton_ok() -> bool:
-    return triton_usable("yolo_bimamba.ops.layer_norm_kernels", "YOLO_BIMAMBA_FUSED_NORM")
+    return triton_usable("yolo_bimamba.ops.layer_norm_kernels", config.fused_norm)
 
 
 def layer_norm_channels_first(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
