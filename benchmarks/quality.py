@@ -28,15 +28,14 @@ puts in .whl/), carrying ``.whl`` and ``.quality-data/sources``, from the reposi
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=$PWD:/tmp/site:$PYTHONPATH YOLO_CONFIG_DIR=/tmp/ybm-config
-    python3 benchmarks/quality.py run --out $OUT --budget-s 520 [--merge benchmarks/results/quality/quality.json]
+    python3 benchmarks/quality.py run --out $OUT --budget-s 520 [--merge EARLIER/quality.json]
 
 Default grid: the 6 baselines + 4 of ours (yolov8n-bimamba-p5, yolov8n-bimamba, study p45 and p5-rowcol) x digits
 (256 px) and fashion (320 px) x seeds 0, 1, 2; 30 epochs, batch 32, fp16 AMP, RAM cache; 6 runs at once with 2
-loader workers each. Expected time (not measured; assumed from the digits runs of benchmarks/results/train-h200/
-session6, where 80 epochs of 20 steps plus a val pass took 282-390 s per run with 5 runs sharing an H200, about
-3.6-4.9 s an epoch): a digits run (10 steps an epoch, no per-epoch val) about 100 s, a fashion run (38 steps an
-epoch) about 140 s, so 60 runs / 6 at a time about 20 min: three calls of --budget-s 520 (runs are seed-major, so
-the first call covers seed 0 of every model on both datasets), then the speed entries, about 15 s per model.
+loader workers each. Expected time (an estimate from earlier 80-epoch digits runs, 3.6-4.9 s an epoch with 5 runs
+sharing an H200): a digits run about 100 s, a fashion run about 140 s, so the 60 runs, 6 at a time, about 20 min:
+three calls of --budget-s 520 (runs are seed-major, so the first call covers seed 0 of every model on both
+datasets), then the speed entries, about 15 s per model.
 """
 
 from __future__ import annotations

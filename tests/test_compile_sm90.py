@@ -35,7 +35,7 @@ SM90_MAX_SHARED = 232448  # bytes a block may use on sm_90 with the opt-in (227 
 SM90_REGS_PER_SM = 65536
 DTYPES = ["fp32", "bf16"]
 # the worker compiles every kernel x config x variant for sm_90 (about 490 s alone on the 2-core CI machine, 567 s
-# with other work on the machine; 964 s in a fresh-clone CI run on 2026-12-02): the limit only guards against a hang
+# with other work on the machine; 964 s in a fresh-clone CI run): the limit only guards against a hang
 TIMEOUT_S = 2400
 
 
