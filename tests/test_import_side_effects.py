@@ -120,6 +120,12 @@ def test_offline_font_fallback_only_when_offline(tmp_path, monkeypatch):
 
     check_font = glue._wrap_check_font(original)
     monkeypatch.setattr(uu, "USER_CONFIG_DIR", tmp_path)
+    # matplotlib may know an Arial.Unicode.ttf already (a training test's plots register the config dir's fonts): the
+    # fallback is for a font it does not know, so the test starts from a font list without it
+    from matplotlib import font_manager
+
+    monkeypatch.setattr(font_manager.fontManager, "ttflist",
+                        [f for f in font_manager.fontManager.ttflist if "Arial.Unicode.ttf" not in f.fname])
     monkeypatch.setenv("YOLO_OFFLINE", "1")
     got = check_font("Arial.Unicode.ttf")
     assert Path(got).name == "DejaVuSans.ttf" and Path(got).is_file() and calls == []
