@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import config
-from .backend_choice import ForcedConfig, runs_triton, triton_usable
+from .backend_choice import ForcedConfig, compiling, runs_triton, triton_usable
 from .kernel_buffers import accumulation_dtype, alloc, compute_dtype
 from .launch import launch
 
@@ -65,7 +65,11 @@ def layer_norm_channels_first(x: torch.Tensor, weight: torch.Tensor | None, bias
     affine = weight is not None and bias is not None
     if backend == "triton" and not affine:
         raise ValueError("layer_norm_channels_first: backend 'triton' needs both weight and bias")
-    if not (affine and runs_triton("layer_norm_channels_first", backend, x, _triton_ok)):
+    triton = affine and runs_triton("layer_norm_channels_first", backend, x, _triton_ok)
+    if compiling():  # torch.compile / torch.export: the custom op (ops.library), running the backend chosen here
+        return torch.ops.yolo_bimamba.layer_norm_channels_first(x, weight, bias, float(eps),
+                                                                "triton" if triton else "torch")[0]
+    if not triton:
         return layer_norm_channels_first_reference(x, weight, bias, eps)
     return _LayerNormCF.apply(x, weight, bias, float(eps))
 
@@ -78,38 +82,50 @@ def _launch_shape(C: int):
     return max(1, min(toks, MAX_TILE // bc)), bc, warps
 
 
+def triton_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
+    """The forward kernel: (out (N, L, C) in x's dtype, mean, rstd per token in fp32 / fp64)."""
+    from .layer_norm_kernels import _layer_norm_cf_fwd
+
+    N, C = x.shape[:2]
+    x3 = x.reshape(N, C, -1).contiguous()
+    L = x3.shape[2]
+    bl, bc, nw = _launch_shape(C)
+    stat = accumulation_dtype(x.dtype)
+    out = alloc((N, L, C), x.dtype, x.device)
+    mean, rstd = alloc((N * L,), stat, x.device), alloc((N * L,), stat, x.device)
+    launch(_layer_norm_cf_fwd, (-(-L // bl), N), (x3, weight, bias, out, mean, rstd, C, L, eps),
+           dict(COMPUTE=compute_dtype(x.dtype), BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
+    return out, mean, rstd
+
+
+def triton_backward(dout, x, weight, bias, mean, rstd):
+    """The backward kernel: (dx, dweight, dbias) from dout, the forward's inputs and statistics."""
+    from .layer_norm_kernels import _layer_norm_cf_bwd
+
+    N, C = x.shape[:2]
+    x3 = x.reshape(N, C, -1).contiguous()
+    L = x3.shape[2]
+    bl, bc, nw = _launch_shape(C)
+    nprog = -(-L // bl)
+    dx = alloc((N, C, L), x3.dtype, x3.device)
+    dw_part = alloc((N * nprog, C), rstd.dtype, x3.device)
+    db_part = alloc((N * nprog, C), rstd.dtype, x3.device)
+    launch(_layer_norm_cf_bwd, (nprog, N),
+           (x3, weight, mean, rstd, dout.contiguous(), dx, dw_part, db_part, C, L),
+           dict(COMPUTE=compute_dtype(x3.dtype), BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
+    return dx.view(x.shape), dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(bias.dtype)
+
+
 class _LayerNormCF(torch.autograd.Function):
+    """The eager autograd function of the Triton backend (:func:`triton_forward`, :func:`triton_backward`)."""
+
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        from .layer_norm_kernels import _layer_norm_cf_fwd
-
-        N, C = x.shape[:2]
-        x3 = x.reshape(N, C, -1).contiguous()
-        L = x3.shape[2]
-        bl, bc, nw = _launch_shape(C)
-        stat = accumulation_dtype(x.dtype)
-        out = alloc((N, L, C), x.dtype, x.device)
-        mean, rstd = alloc((N * L,), stat, x.device), alloc((N * L,), stat, x.device)
-        launch(_layer_norm_cf_fwd, (-(-L // bl), N), (x3, weight, bias, out, mean, rstd, C, L, eps),
-               dict(COMPUTE=compute_dtype(x.dtype), BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
-        ctx.save_for_backward(x3, weight, mean, rstd)
-        ctx.meta = (x.shape, bias.dtype)
+        out, mean, rstd = triton_forward(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
-        from .layer_norm_kernels import _layer_norm_cf_bwd
-
-        x3, weight, mean, rstd = ctx.saved_tensors
-        shape, bias_dtype = ctx.meta
-        N, C, L = x3.shape
-        bl, bc, nw = _launch_shape(C)
-        nprog = -(-L // bl)
-        dx = alloc((N, C, L), x3.dtype, x3.device)
-        dw_part = alloc((N * nprog, C), rstd.dtype, x3.device)
-        db_part = alloc((N * nprog, C), rstd.dtype, x3.device)
-        launch(_layer_norm_cf_bwd, (nprog, N),
-               (x3, weight, mean, rstd, dout.contiguous(), dx, dw_part, db_part, C, L),
-               dict(COMPUTE=compute_dtype(x3.dtype), BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
-        return dx.view(shape), dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(bias_dtype), None
+        return (*triton_backward(dout, *ctx.saved_tensors), None)
