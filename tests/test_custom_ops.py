@@ -4,6 +4,8 @@ between custom ops (torch.compile / torch.export) and plain PyTorch expressions 
 
 CPU tests: the PyTorch backend, and the Triton backend's custom ops under the Triton interpreter at tiny sizes;
 tests/gpu/test_gpu_compile.py runs the Triton kernels on a GPU."""
+import io
+
 import pytest
 import torch
 import torch._dynamo
@@ -27,7 +29,8 @@ def _t(*shape, dtype=torch.float64, grad=True, lo=None, hi=None):
 
 
 def _ssd_args(b=2, l=11, h=2, p=4, g=1, n=4, D=True, bias=True, separate=False, dtype=torch.float64):
-    args = [_t(b, l, h, p, dtype=dtype), _t(b, l, h, dtype=dtype, lo=-1.0, hi=1.0), _t(h, dtype=dtype, lo=-2.0, hi=-0.5),
+    args = [_t(b, l, h, p, dtype=dtype), _t(b, l, h, dtype=dtype, lo=-1.0, hi=1.0),
+            _t(h, dtype=dtype, lo=-2.0, hi=-0.5),
             _t(b, l, g, n, dtype=dtype), _t(b, l, g, n, dtype=dtype),
             _t(h, dtype=dtype) if D else None, _t(h, dtype=dtype, lo=-1.0, hi=0.5) if bias else None]
     args += ([_t(b, l, h, dtype=dtype, lo=-1.0, hi=1.0), _t(b, l, g, n, dtype=dtype), _t(b, l, g, n, dtype=dtype)]
@@ -151,7 +154,8 @@ def _graph_ops(gm):
 
 def test_export_holds_custom_ops_and_runs():
     """torch.export.export of a BiMamba2 holds our custom ops (no plain-op expansion of the scan) and the exported
-    program computes the eager output; so does its module() with a new batch (dynamic batch dim)."""
+    program computes the eager output; so does its module() with a new batch (dynamic batch dim), and the program
+    saved and loaded (torch.export.save / load, with this package imported)."""
     torch.manual_seed(0)
     m = BiMamba2(d_model=16, d_state=8, headdim=8, chunk_size=8).eval()
     u = torch.randn(2, 13, 16)
@@ -160,9 +164,14 @@ def test_export_holds_custom_ops_and_runs():
     ops = _graph_ops(ep.graph_module)
     assert {"yolo_bimamba.bi_ssd.default", "yolo_bimamba.dwconv_silu.default",
             "yolo_bimamba.gated_rmsnorm.default"} <= ops, ops
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    buf.seek(0)
+    loaded = torch.export.load(buf)
     with torch.no_grad():
         for x in (u, torch.randn(3, 13, 16)):
             torch.testing.assert_close(ep.module()(x), m(x), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(loaded.module()(x), m(x), rtol=1e-5, atol=1e-6)
 
 
 def test_torchscript_trace_keeps_plain_ops():
@@ -217,6 +226,15 @@ def test_compile_bimamba_layer2d_fullgraph_forward_backward(kw):
     _compare(layer, x)
 
 
+def test_compile_hydra_layer2d_fullgraph_forward_backward():
+    """Hydra (the op's shifted mode with the backward direction's own dt, B, C; norm before the gate)."""
+    from yolo_bimamba.nn.hydra import HydraLayer2D
+
+    torch.manual_seed(0)
+    layer = HydraLayer2D(16, d_state=8, headdim=8, chunk_size=8).double().train()
+    _compare(layer, torch.randn(2, 16, 3, 4, dtype=torch.float64, requires_grad=True))
+
+
 def test_compile_graph_holds_our_custom_ops():
     """The graph Dynamo hands the backend holds the custom ops (the scan, conv, gated norm and token LayerNorm), not
     the plain-op export form."""
@@ -250,7 +268,12 @@ def test_compile_validation_errors_name_the_argument():
         return bi_ssd(x, dt, A, B, C)
 
     x, dt, A, B, C = (t.detach() for t in _ssd_args(dtype=torch.float32)[:5])
-    with pytest.raises(Exception, match="argument 'A' must have shape"):
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="argument 'A' must have shape"):
+        torch.compile(f, backend="aot_eager")(x, dt, A[:1], B, C)
+    # fullgraph=True: Dynamo reports the ValueError as an exception its graph cannot hold, with the same message
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="argument 'A' must have shape"):
         torch.compile(f, backend="aot_eager", fullgraph=True)(x, dt, A[:1], B, C)
 
 
@@ -278,3 +301,30 @@ def test_detector_graph_breaks_are_not_at_our_ops():
             assert explanation.graph_break_count == 0 and explanation.graph_count == 1, where
         print(f"train={train}: {explanation.graph_count} graphs, {explanation.graph_break_count} graph breaks at",
               sorted(set(where)))
+
+
+@pytest.mark.slow
+def test_compiled_detector_training_step_equals_eager():
+    """yolov8n-bimamba's training forward under torch.compile(fullgraph=True) (the loss eager after it, as a trainer
+    that compiles the model runs it): the same loss and parameter gradients as eager."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import DetectionModel
+
+    torch.manual_seed(0)
+    model = DetectionModel("yolov8n-bimamba.yaml", nc=2, verbose=False).train()
+    model.args = get_cfg()
+    g = torch.Generator().manual_seed(1)
+    batch = {"img": torch.rand(2, 3, 64, 64, generator=g), "batch_idx": torch.tensor([0.0, 1.0]),
+             "cls": torch.tensor([[0.0], [1.0]]), "bboxes": torch.tensor([[0.5, 0.5, 0.3, 0.4], [0.3, 0.6, 0.2, 0.2]])}
+    params = [p for p in model.parameters() if p.requires_grad]
+    ref = model.loss(batch, model(batch["img"]))[0].sum()
+    g_ref = torch.autograd.grad(ref, params, allow_unused=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    loss = model.loss(batch, compiled(batch["img"]))[0].sum()
+    got = torch.autograd.grad(loss, params, allow_unused=True)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    for a, b in zip(got, g_ref):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

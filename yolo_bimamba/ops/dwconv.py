@@ -7,9 +7,9 @@ silu(conv1d(u)) in the same layout, equal to
 
 On CUDA it runs our Triton kernels (ops.dwconv_kernels): they read a slice of the in-projection's output in place
 and skip the two transposes and PyTorch's generic depthwise kernels. Elsewhere (CPU, no Triton) it is that PyTorch
-expression; while a graph is traced or exported it is the same convolution written as a depthwise Conv2d over a
-height-1 image, so exported models contain a plain Conv node that onnxruntime's CPU depthwise path runs 2.8x faster
-than a grouped 1-D Conv (5.8 vs 2.1 ms at 128 channels x 6400 positions with SiLU, 2 threads).
+expression; while a plain-op graph is traced for a file (TorchScript, ONNX) it is the same convolution written as a
+depthwise Conv2d over a height-1 image, so exported models contain a plain Conv node that onnxruntime's CPU depthwise
+path runs 2.8x faster than a grouped 1-D Conv (5.8 vs 2.1 ms at 128 channels x 6400 positions with SiLU, 2 threads).
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def dwconv_silu(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """silu(depthwise "same" conv1d of u over the sequence), u (b, l, c), weight (c, 1, k), k odd; (b, l, c) out.
 
     backend: "torch" (the PyTorch expression in the module docstring), "triton" (our kernels) or "auto" (Triton on
-    CUDA tensors when it is importable and the call is not traced or exported; ``YOLO_BIMAMBA_FUSED_CONV=0`` turns
+    CUDA tensors when it is importable and no plain-op graph is traced for a file; ``YOLO_BIMAMBA_FUSED_CONV=0`` turns
     that off)."""
     validate_dwconv(u, weight, bias)
     triton = runs_triton("dwconv_silu", backend, u, _triton_ok)
@@ -91,7 +91,7 @@ def _config(C: int):
 
 
 def triton_forward(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The forward kernel: y (b, l, c), contiguous, in u's dtype (u read in place where its channels are unit-strided)."""
+    """The forward kernel: y (b, l, c), contiguous, in u's dtype (u read in place where its channels have stride 1)."""
     from .dwconv_kernels import _dwconv_silu_fwd
 
     if u.stride(-1) != 1:

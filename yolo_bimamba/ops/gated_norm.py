@@ -2,8 +2,8 @@
 
 ``gated_rmsnorm(x, z, weight, eps)`` equals :func:`gated_rmsnorm_reference` (the PyTorch expression of
 ``nn.RMSNormGated``). On CUDA it runs one Triton kernel forward and one backward (ops.gated_norm_kernels) instead of
-about ten elementwise and reduction kernels over fp32 copies; elsewhere (CPU, tracing, export) it is the expression.
-``YOLO_BIMAMBA_FUSED_NORM=0`` turns the kernels off.
+about ten elementwise and reduction kernels over fp32 copies; elsewhere (CPU, TorchScript / ONNX tracing) it is the
+expression. ``YOLO_BIMAMBA_FUSED_NORM=0`` turns the kernels off.
 """
 from __future__ import annotations
 

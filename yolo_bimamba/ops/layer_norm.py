@@ -5,8 +5,8 @@ L = prod(spatial) tokens, (N, L, C): what ``nn.LayerNorm(C)(x.flatten(2).transpo
 one Triton kernel forward and one backward (ops.layer_norm_kernels) that read x channels-first and write the
 token-major output, in x's dtype, with fp32 arithmetic. PyTorch's path instead copies the transposed tokens, casts
 them to fp32 (autocast runs layer_norm in fp32), and under AMP the next projection casts the fp32 output back (most
-of its time the weight and bias gradients' reduction). Elsewhere (CPU, tracing, export, backend "torch") it is that expression, as
-before. ``YOLO_BIMAMBA_FUSED_NORM=0`` turns the kernels off (as for the gated RMSNorm).
+of its time the weight and bias gradients' reduction). Elsewhere (CPU, TorchScript / ONNX tracing, backend "torch")
+it is that expression, as before. ``YOLO_BIMAMBA_FUSED_NORM=0`` turns the kernels off (as for the gated RMSNorm).
 
 Under autocast the kernel's output keeps x's dtype (bf16 / fp16) where PyTorch's is fp32: the in-projection that
 follows casts its input to that dtype anyway, so it sees the same rounded values.

@@ -2,9 +2,10 @@
 
 Backends: the chunked PyTorch op (:mod:`.torch_backend`: any device, any size, exportable) and the fused Triton
 kernels (:mod:`.autograd`: CUDA tensors, or CPU tensors under the Triton interpreter). ``backend="auto"`` takes the
-kernels for CUDA tensors unless a graph is traced or exported, Triton is missing, or the sizes are beyond what the
-kernels take (:func:`triton_dims_supported`). The mixers (BiMamba2, Hydra) call :func:`mixer_bi_ssd`, which makes
-one more choice with the same decision: under fp16 AMP the kernels run in bf16 (:func:`mixer_scan_dtype`).
+kernels for CUDA tensors unless a plain-op graph is traced for a file (TorchScript, ONNX), Triton is missing, or the
+sizes are beyond what the kernels take (:func:`triton_dims_supported`). Under torch.compile and torch.export the
+chosen backend runs as the custom op of :mod:`.library`. The mixers (BiMamba2, Hydra) call :func:`mixer_bi_ssd`,
+which makes one more choice with the same decision: under fp16 AMP the kernels run in bf16 (:func:`mixer_scan_dtype`).
 
 Every check runs on shapes, dtypes and devices only (no device synchronisation), before any kernel launch, and
 raises ``ValueError`` naming the argument and the expected shape.
@@ -151,9 +152,9 @@ def validate_bi_ssd(
 
 
 def auto_picks_triton(headdim: int, dstate: int, dtype: torch.dtype) -> bool:
-    """backend="auto" on CUDA tensors: the Triton kernels unless a graph is traced or exported (TorchScript, ONNX,
-    torch.export, torch.compile), Triton is missing, or the sizes are beyond what the kernels take (then the PyTorch
-    op, which takes any size)."""
+    """backend="auto" on CUDA tensors: the Triton kernels unless a plain-op graph is traced for a file (TorchScript,
+    ONNX; under torch.compile and torch.export they run, through the custom op of library.py), Triton is missing, or
+    the sizes are beyond what the kernels take (then the PyTorch op, which takes any size)."""
     return triton_usable(f"{__package__}.autograd") and triton_dims_supported(headdim, dstate, dtype)
 
 
@@ -188,7 +189,8 @@ def mixer_scan_dtype(x: torch.Tensor, headdim: int, dstate: int, backend: str = 
     """The dtype in which a mixer runs the scan of its inputs x (YOLO_BIMAMBA_FP16_SCAN, config.FP16_SCAN): x's own,
     except fp16 CUDA inputs that the Triton kernels take, on a GPU with bf16 tensor cores: bf16 (the same exponent
     range as fp32, so an fp16 value or loss-scaled gradient never overflows there; 8 instead of 11 significant bits,
-    as in bf16 AMP). Never while a graph is traced or exported (the scan then runs the PyTorch op, in x's dtype)."""
+    as in bf16 AMP). Never while a plain-op graph is traced for a file (the scan then runs the PyTorch op, in x's
+    dtype)."""
     return _scan_dtype(x, _runs_triton(x, headdim, dstate, backend))
 
 

@@ -60,7 +60,8 @@ def bi_ssd_op(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor 
               dt_bwd: Tensor | None, B_bwd: Tensor | None, C_bwd: Tensor | None, chunk_size: int, dt_softplus: bool,
               dt_min: float, dt_max: float, direction: str, shift: bool, backend: str,
               keep_states: bool) -> tuple[Tensor, list[Tensor]]:
-    """(y, saved): see the module docstring. Arguments as ops.bi_ssd's (validated there), dt_limit as (dt_min, dt_max)."""
+    """(y, saved): see the module docstring. Arguments as ops.bi_ssd's (validated there); dt_limit is (dt_min,
+    dt_max)."""
     _check(backend, direction)
     if backend == "torch":
         y = bi_ssd_torch(x, dt, A, B, C, chunk_size=chunk_size, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
