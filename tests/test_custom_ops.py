@@ -235,6 +235,33 @@ def test_compile_hydra_layer2d_fullgraph_forward_backward():
     _compare(layer, torch.randn(2, 16, 3, 4, dtype=torch.float64, requires_grad=True))
 
 
+def test_compile_triton_backend_equals_eager_under_the_interpreter():
+    """A BiMambaLayer2D with backend="triton" (the SSD op, the conv and the token LayerNorm on the Triton kernels, as
+    on a GPU) compiled with fullgraph=True: the custom ops launch the kernels (forward and backward) and the outputs
+    and gradients are bitwise those of eager."""
+    if not config.triton_interpret():
+        pytest.skip("the Triton interpreter is off (a GPU machine: tests/gpu/test_gpu_compile.py)")
+    from yolo_bimamba.ops import launch
+
+    torch.manual_seed(0)
+    layer = BiMambaLayer2D(16, d_state=16, headdim=16, chunk_size=64, backend="triton").train()
+    x = torch.randn(1, 16, 3, 5, requires_grad=True)
+    params = [x] + list(layer.parameters())
+    ref = layer(x)
+    g = torch.randn_like(ref)
+    g_ref = torch.autograd.grad(ref, params, g)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    before = dict(launch.counts)
+    out = compiled(x)
+    mid = dict(launch.counts)
+    got = torch.autograd.grad(out, params, g)
+    assert sum(mid.values()) > sum(before.values()) and sum(launch.counts.values()) > sum(mid.values())
+    assert torch.equal(out, ref)
+    for a, b in zip(got, g_ref):
+        assert torch.equal(a, b)
+
+
 def test_compile_graph_holds_our_custom_ops():
     """The graph Dynamo hands the backend holds the custom ops (the scan, conv, gated norm and token LayerNorm), not
     the plain-op export form."""

@@ -117,11 +117,15 @@ class _GatedRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, z, weight, eps):
-        out, rstd = triton_forward(x, z, weight, eps)
-        ctx.save_for_backward(x, z, weight, rstd)
-        return out
+        D = x.shape[-1]
+        x2, z2 = x.reshape(-1, D).contiguous(), _rows_view(z, D)  # saved as the kernels read them (no second copy)
+        out, rstd = triton_forward(x2, z2, weight, eps)
+        ctx.save_for_backward(x2, z2, weight, rstd)
+        ctx.shape = x.shape
+        return out.view(x.shape)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
-        return (*triton_backward(dout, *ctx.saved_tensors), None)
+        dx, dz, dw = triton_backward(dout, *ctx.saved_tensors)
+        return dx.view(ctx.shape), dz.view(ctx.shape), dw, None

@@ -121,11 +121,14 @@ class _LayerNormCF(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        out, mean, rstd = triton_forward(x, weight, bias, eps)
-        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        x3 = x.reshape(x.shape[0], x.shape[1], -1).contiguous()  # saved as the kernels read it (no second copy)
+        out, mean, rstd = triton_forward(x3, weight, bias, eps)
+        ctx.save_for_backward(x3, weight, bias, mean, rstd)
+        ctx.shape = x.shape
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
-        return (*triton_backward(dout, *ctx.saved_tensors), None)
+        dx, dw, db = triton_backward(dout, *ctx.saved_tensors)
+        return dx.view(ctx.shape), dw, db, None
