@@ -128,7 +128,8 @@ class BiMamba2(nn.Module):
         return -torch.exp(self.A_log.float().clamp(max=A_LOG_MAX))
 
     def _forward_graph(self, u: torch.Tensor) -> torch.Tensor:
-        """The same function as traced and exported graphs hold it (ONNX, TorchScript, torch.export): the
+        """The same function as plain-op graphs traced for a file hold it (ONNX, TorchScript: graph_tracing; under
+        torch.compile and torch.export the forward above runs, with our custom ops): the
         in-projection's row blocks as separate products, x, B and C in the channels-first layout (b, c, l) that the
         depthwise conv takes, each convolved on its own (same weights), and the chunked op fed that layout. An
         exported graph then has no Split copies of the projection and no transposes around the conv: onnxruntime

@@ -14,7 +14,7 @@ output) aliases a buffer that the next replay overwrites.
 
 The eager layer is used instead whenever a replay could differ from it or could not be captured:
 - not CUDA, not training, gradients off, or inside another capture or a traced or exported graph (``torch.jit``,
-  ONNX export, ``torch.export``, ``torch.compile``: ops.backend_choice.graph_tracing);
+  ONNX export: ops.backend_choice.graph_tracing; ``torch.compile``, ``torch.export``: backend_choice.compiling);
 - any module hook on the layer or global module hook (they may run host code, e.g. ``nan_debug``'s checks);
 - a parameter that does not require a gradient (frozen layers);
 - the previous replay of the same graph still waits for its backward (the layer called twice in one step): a second
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from .. import config
-from ..ops.backend_choice import graph_tracing
+from ..ops.backend_choice import compiling, graph_tracing
 
 __all__ = ["run", "may_replay", "enabled", "graphed_shapes", "summary", "capture", "end_stuck_capture", "hooked",
            "MAX_SHAPES"]
@@ -85,7 +85,7 @@ def hooked(layer: nn.Module) -> bool:
 def may_replay(layer: nn.Module, x: torch.Tensor) -> bool:
     """The cheap part of the test whether :func:`run` may replay a graph: CUDA training with replay on. Layers call
     the eager forward themselves where it fails (inference, CPU, no gradients)."""
-    return enabled() and x.is_cuda and layer.training and torch.is_grad_enabled()
+    return x.is_cuda and layer.training and torch.is_grad_enabled() and not compiling() and enabled()
 
 
 def _usable(layer: nn.Module, x: torch.Tensor, params) -> bool:

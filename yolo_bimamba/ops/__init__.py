@@ -2,5 +2,6 @@
 from .bi_ssd import bi_ssd, bi_ssd_reference
 from .dwconv import dwconv_silu
 from .gated_norm import gated_rmsnorm
+from . import library  # noqa: F401,E402  (registers the custom ops torch.compile and torch.export trace)
 
 __all__ = ["bi_ssd", "bi_ssd_reference", "dwconv_silu", "gated_rmsnorm"]

@@ -1,5 +1,9 @@
 """How the ops (ops.bi_ssd, ops.dwconv, ops.gated_norm, ops.layer_norm) choose their backend: whether a graph is being
-traced or exported, whether the Triton kernels may run for a call, and forcing one of a kernel's configs (tests)."""
+traced or exported, whether the Triton kernels may run for a call, and forcing one of a kernel's configs (tests).
+
+Three ways a call can run: eager (the op's autograd function or PyTorch expression); inside a plain-op graph traced
+for a file (TorchScript, ONNX: :func:`graph_tracing`), as PyTorch expressions only; and under torch.compile or
+torch.export (:func:`compiling`), as custom ops that run the same backend as eager would."""
 from __future__ import annotations
 
 import contextlib
@@ -23,27 +27,48 @@ class ForcedConfig:
 
 
 def graph_tracing() -> bool:
-    """True while a graph is being traced or exported (TorchScript, the ONNX exporters, torch.export, torch.compile):
-    then the modules take their PyTorch expressions, which every exporter understands."""
-    if torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export():
-        return True
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and any(getattr(compiler, f, lambda: False)()
-                                             for f in ("is_compiling", "is_exporting")))
+    """True while a graph of plain PyTorch ops is traced for a file: TorchScript (``torch.jit.trace``/``script``)
+    and ONNX export (the TorchScript-based exporter that Ultralytics uses, and the dynamo-based one, which flags
+    itself as an ONNX export while it runs torch.export). The modules then take their PyTorch expressions (e.g.
+    nn.BiMamba2._forward_graph), so that the file runs without this package. Not under torch.compile or a plain
+    ``torch.export.export``: see :func:`compiling`."""
+    return torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export()
+
+
+def compiling() -> bool:
+    """True while torch.compile (Dynamo) or ``torch.export.export`` (strict or not) traces, and no plain-op graph is
+    traced for a file (:func:`graph_tracing`, which wins: the dynamo ONNX exporter runs torch.export). The ops then
+    enter the graph as PyTorch custom ops (``torch.ops.yolo_bimamba.*``, ops.library and ops.bi_ssd.library), which
+    run the backend their API chose (the Triton kernels on CUDA tensors): no graph break at our ops."""
+    compiler = torch.compiler
+    return (compiler.is_compiling() or compiler.is_exporting()) and not graph_tracing()
+
+
+@torch.compiler.assume_constant_result
+def _importable(module: str) -> bool:
+    # (a constant for Dynamo: called once while it traces, not traced itself)
+    try:
+        import importlib
+
+        importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - no Triton, or it failed to import
+        return False
+    return True
+
+
+@torch.compiler.assume_constant_result
+def _switched_on(switch) -> bool:
+    return bool(switch())  # an environment variable, read once while Dynamo traces (a constant of the graph)
 
 
 def triton_usable(kernels_module: str, switch=None) -> bool:
     """"auto" may run the kernels: not switched off (``switch``: the op's config function, e.g. config.fused_conv,
-    when the op has such a switch), no graph being traced or exported, and the kernel module (hence Triton) imports."""
-    if (switch is not None and not switch()) or graph_tracing():
+    when the op has such a switch), no plain-op graph being traced (:func:`graph_tracing`), and the kernel module
+    (hence Triton) imports. Under torch.compile the switch and the import are read while Dynamo traces and are
+    constants of the compiled graph."""
+    if (switch is not None and not _switched_on(switch)) or graph_tracing():
         return False
-    try:
-        import importlib
-
-        importlib.import_module(kernels_module)
-    except Exception:  # noqa: BLE001 - no Triton, or it failed to import
-        return False
-    return True
+    return _importable(kernels_module)
 
 
 def runs_triton(op: str, backend: str, t: torch.Tensor, usable) -> bool:

@@ -7,9 +7,9 @@ silu(conv1d(u)) in the same layout, equal to
 
 On CUDA it runs our Triton kernels (ops.dwconv_kernels): they read a slice of the in-projection's output in place
 and skip the two transposes and PyTorch's generic depthwise kernels. Elsewhere (CPU, no Triton) it is that PyTorch
-expression; while a graph is traced or exported it is the same convolution written as a depthwise Conv2d over a
-height-1 image, so exported models contain a plain Conv node that onnxruntime's CPU depthwise path runs 2.8x faster
-than a grouped 1-D Conv (5.8 vs 2.1 ms at 128 channels x 6400 positions with SiLU, 2 threads).
+expression; while a plain-op graph is traced for a file (TorchScript, ONNX) it is the same convolution written as a
+depthwise Conv2d over a height-1 image, so exported models contain a plain Conv node that onnxruntime's CPU depthwise
+path runs 2.8x faster than a grouped 1-D Conv (5.8 vs 2.1 ms at 128 channels x 6400 positions with SiLU, 2 threads).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import config
-from .backend_choice import ForcedConfig, graph_tracing, runs_triton, triton_usable
+from .backend_choice import ForcedConfig, compiling, graph_tracing, runs_triton, triton_usable
 from .kernel_buffers import accumulation_dtype, alloc, compute_dtype
 from .launch import launch
 
@@ -71,10 +71,13 @@ def dwconv_silu(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """silu(depthwise "same" conv1d of u over the sequence), u (b, l, c), weight (c, 1, k), k odd; (b, l, c) out.
 
     backend: "torch" (the PyTorch expression in the module docstring), "triton" (our kernels) or "auto" (Triton on
-    CUDA tensors when it is importable and the call is not traced or exported; ``YOLO_BIMAMBA_FUSED_CONV=0`` turns
+    CUDA tensors when it is importable and no plain-op graph is traced for a file; ``YOLO_BIMAMBA_FUSED_CONV=0`` turns
     that off)."""
     validate_dwconv(u, weight, bias)
-    if not runs_triton("dwconv_silu", backend, u, _triton_ok):
+    triton = runs_triton("dwconv_silu", backend, u, _triton_ok)
+    if compiling():  # torch.compile / torch.export: the custom op (ops.library), running the backend chosen here
+        return torch.ops.yolo_bimamba.dwconv_silu(u, weight, bias, "triton" if triton else "torch")
+    if not triton:
         return (dwconv_silu_export if graph_tracing() else dwconv_silu_reference)(u, weight, bias)
     return _DWConvSiLU.apply(u, weight, bias)
 
@@ -87,49 +90,62 @@ def _config(C: int):
     return CONFIGS[0] if C > 32 else CONFIGS[1]  # narrow layers: longer row blocks
 
 
+def triton_forward(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The forward kernel: y (b, l, c), contiguous, in u's dtype (u read in place where its channels have stride 1)."""
+    from .dwconv_kernels import _dwconv_silu_fwd
+
+    if u.stride(-1) != 1:
+        u = u.contiguous()
+    b, L, C = u.shape
+    K = weight.shape[-1]
+    w = weight.reshape(C, K).contiguous()
+    bl, bc, nw = _config(C)
+    y = alloc((b, L, C), u.dtype, u.device)
+    grid = (b, -(-L // bl), -(-C // bc))
+    launch(_dwconv_silu_fwd, grid, (u, w, bias if bias is not None else w, y, L, C, u.stride(0), u.stride(1)),
+           dict(K=K, HAS_BIAS=bias is not None, COMPUTE=compute_dtype(u.dtype), BLOCK_L=bl, BLOCK_C=bc,
+                num_warps=nw))
+    return y
+
+
+def triton_backward(dy: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """The backward kernels: (du, dweight, dbias or None) from dy and the forward's inputs."""
+    from .dwconv_kernels import _dwconv_silu_bwd_in, _dwconv_silu_bwd_pre
+
+    if u.stride(-1) != 1:
+        u = u.contiguous()
+    b, L, C = u.shape
+    K = weight.shape[-1]
+    w = weight.reshape(C, K).contiguous()
+    dy = dy.contiguous()
+    bl, bc, nw = _config(C)
+    nlb = -(-L // bl)
+    grid = (b, nlb, -(-C // bc))
+    comp = compute_dtype(u.dtype)
+    acc = accumulation_dtype(u.dtype)
+    gp = alloc((b, L, C), acc, u.device)
+    dbias_part = alloc((b * nlb, C), acc, u.device) if bias is not None else gp
+    launch(_dwconv_silu_bwd_pre, grid,
+           (u, w, bias if bias is not None else w, dy, gp, dbias_part, L, C, u.stride(0), u.stride(1)),
+           dict(K=K, HAS_BIAS=bias is not None, COMPUTE=comp, BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
+    du = alloc((b, L, C), u.dtype, u.device)
+    dw_part = alloc((b * nlb, K, C), acc, u.device)
+    launch(_dwconv_silu_bwd_in, grid, (u, w, gp, du, dw_part, L, C, u.stride(0), u.stride(1)),
+           dict(K=K, COMPUTE=comp, BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
+    dw = dw_part.sum(0).t().reshape(weight.shape).to(weight.dtype)
+    dbias = dbias_part.sum(0).to(bias.dtype) if bias is not None else None
+    return du, dw, dbias
+
+
 class _DWConvSiLU(torch.autograd.Function):
+    """The eager autograd function of the Triton backend (:func:`triton_forward`, :func:`triton_backward`)."""
+
     @staticmethod
     def forward(ctx, u, weight, bias):
-        from .dwconv_kernels import _dwconv_silu_fwd
-
-        if u.stride(-1) != 1:
-            u = u.contiguous()
-        b, L, C = u.shape
-        K = weight.shape[-1]
-        w = weight.reshape(C, K).contiguous()
-        bl, bc, nw = _config(C)
-        y = alloc((b, L, C), u.dtype, u.device)
-        grid = (b, -(-L // bl), -(-C // bc))
-        launch(_dwconv_silu_fwd, grid, (u, w, bias if bias is not None else w, y, L, C, u.stride(0), u.stride(1)),
-               dict(K=K, HAS_BIAS=bias is not None, COMPUTE=compute_dtype(u.dtype), BLOCK_L=bl, BLOCK_C=bc,
-                    num_warps=nw))
-        ctx.save_for_backward(u, w, bias)
-        ctx.weight_shape = weight.shape
-        return y
+        ctx.save_for_backward(u, weight, bias)
+        return triton_forward(u, weight, bias)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        from .dwconv_kernels import _dwconv_silu_bwd_in, _dwconv_silu_bwd_pre
-
-        u, w, bias = ctx.saved_tensors
-        b, L, C = u.shape
-        K = w.shape[1]
-        dy = dy.contiguous()
-        bl, bc, nw = _config(C)
-        nlb = -(-L // bl)
-        grid = (b, nlb, -(-C // bc))
-        comp = compute_dtype(u.dtype)
-        acc = accumulation_dtype(u.dtype)
-        gp = alloc((b, L, C), acc, u.device)
-        dbias_part = alloc((b * nlb, C), acc, u.device) if bias is not None else gp
-        launch(_dwconv_silu_bwd_pre, grid,
-               (u, w, bias if bias is not None else w, dy, gp, dbias_part, L, C, u.stride(0), u.stride(1)),
-               dict(K=K, HAS_BIAS=bias is not None, COMPUTE=comp, BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
-        du = alloc((b, L, C), u.dtype, u.device)
-        dw_part = alloc((b * nlb, K, C), acc, u.device)
-        launch(_dwconv_silu_bwd_in, grid, (u, w, gp, du, dw_part, L, C, u.stride(0), u.stride(1)),
-               dict(K=K, COMPUTE=comp, BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
-        dw = dw_part.sum(0).t().reshape(ctx.weight_shape).to(w.dtype)
-        dbias = dbias_part.sum(0).to(bias.dtype) if bias is not None else None
-        return du, dw, dbias
+        return triton_backward(dy, *ctx.saved_tensors)

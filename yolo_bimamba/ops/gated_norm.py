@@ -2,8 +2,8 @@
 
 ``gated_rmsnorm(x, z, weight, eps)`` equals :func:`gated_rmsnorm_reference` (the PyTorch expression of
 ``nn.RMSNormGated``). On CUDA it runs one Triton kernel forward and one backward (ops.gated_norm_kernels) instead of
-about ten elementwise and reduction kernels over fp32 copies; elsewhere (CPU, tracing, export) it is the expression.
-``YOLO_BIMAMBA_FUSED_NORM=0`` turns the kernels off.
+about ten elementwise and reduction kernels over fp32 copies; elsewhere (CPU, TorchScript / ONNX tracing) it is the
+expression. ``YOLO_BIMAMBA_FUSED_NORM=0`` turns the kernels off.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import config
-from .backend_choice import ForcedConfig, runs_triton, triton_usable
+from .backend_choice import ForcedConfig, compiling, runs_triton, triton_usable
 from .kernel_buffers import accumulation_dtype, alloc, compute_dtype
 from .launch import launch
 
@@ -51,7 +51,10 @@ def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: f
     """rmsnorm(x * silu(z)) * weight in fp32, returned in x's dtype. backend: "auto" (Triton on CUDA), "torch",
     "triton"."""
     validate_gated_rmsnorm(x, z, weight)
-    if not runs_triton("gated_rmsnorm", backend, x, _triton_ok):
+    triton = runs_triton("gated_rmsnorm", backend, x, _triton_ok)
+    if compiling():  # torch.compile / torch.export: the custom op (ops.library), running the backend chosen here
+        return torch.ops.yolo_bimamba.gated_rmsnorm(x, z, weight, float(eps), "triton" if triton else "torch")[0]
+    if not triton:
         return gated_rmsnorm_reference(x, z, weight, eps)
     return _GatedRMSNorm.apply(x, z, weight, float(eps))
 
@@ -73,39 +76,56 @@ def _rows_view(t: torch.Tensor, D: int):
     return t2
 
 
+def triton_forward(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float):
+    """The forward kernel: (out shaped like x in x's dtype, rstd per row in fp32 / fp64), what the backward reads."""
+    from .gated_norm_kernels import _gated_rmsnorm_fwd
+
+    D = x.shape[-1]
+    x2 = x.reshape(-1, D).contiguous()
+    z2 = _rows_view(z, D)
+    R = x2.shape[0]
+    br, bd, nw = _launch_shape(D)
+    comp = compute_dtype(x.dtype)
+    out = alloc((R, D), x.dtype, x.device)
+    rstd = alloc((R,), accumulation_dtype(x.dtype), x.device)
+    launch(_gated_rmsnorm_fwd, (-(-R // br),), (x2, z2, weight, out, rstd, R, D, z2.stride(0), eps),
+           dict(COMPUTE=comp, BLOCK_R=br, BLOCK_D=bd, num_warps=nw))
+    return out.view(x.shape), rstd
+
+
+def triton_backward(dout: torch.Tensor, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor):
+    """The backward kernel: (dx, dz, dweight) from dout, the forward's inputs and its rstd."""
+    from .gated_norm_kernels import _gated_rmsnorm_bwd
+
+    shape, D = x.shape, x.shape[-1]
+    x2 = x.reshape(-1, D).contiguous()
+    z2 = _rows_view(z, D)
+    R = x2.shape[0]
+    br, bd, nw = _launch_shape(D)
+    nprog = -(-R // br)
+    dout2 = dout.reshape(R, D).contiguous()
+    dx = alloc((R, D), x2.dtype, x2.device)
+    dz = alloc((R, D), z.dtype, x2.device)
+    dw_part = alloc((nprog, D), rstd.dtype, x2.device)
+    launch(_gated_rmsnorm_bwd, (nprog,), (x2, z2, weight, rstd, dout2, dx, dz, dw_part, R, D, z2.stride(0)),
+           dict(COMPUTE=compute_dtype(x2.dtype), BLOCK_R=br, BLOCK_D=bd, num_warps=nw))
+    return dx.view(shape), dz.view(shape), dw_part.sum(0).to(weight.dtype)
+
+
 class _GatedRMSNorm(torch.autograd.Function):
+    """The eager autograd function of the Triton backend (:func:`triton_forward`, :func:`triton_backward`)."""
+
     @staticmethod
     def forward(ctx, x, z, weight, eps):
-        from .gated_norm_kernels import _gated_rmsnorm_fwd
-
         D = x.shape[-1]
-        x2 = x.reshape(-1, D).contiguous()
-        z2 = _rows_view(z, D)
-        R = x2.shape[0]
-        br, bd, nw = _launch_shape(D)
-        comp = compute_dtype(x.dtype)
-        out = alloc((R, D), x.dtype, x.device)
-        rstd = alloc((R,), accumulation_dtype(x.dtype), x.device)
-        launch(_gated_rmsnorm_fwd, (-(-R // br),), (x2, z2, weight, out, rstd, R, D, z2.stride(0), eps),
-               dict(COMPUTE=comp, BLOCK_R=br, BLOCK_D=bd, num_warps=nw))
+        x2, z2 = x.reshape(-1, D).contiguous(), _rows_view(z, D)  # saved as the kernels read them (no second copy)
+        out, rstd = triton_forward(x2, z2, weight, eps)
         ctx.save_for_backward(x2, z2, weight, rstd)
-        ctx.shapes = (x.shape, z.dtype)
+        ctx.shape = x.shape
         return out.view(x.shape)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
-        from .gated_norm_kernels import _gated_rmsnorm_bwd
-
-        x2, z2, weight, rstd = ctx.saved_tensors
-        shape, zdtype = ctx.shapes
-        R, D = x2.shape
-        br, bd, nw = _launch_shape(D)
-        nprog = -(-R // br)
-        dout2 = dout.reshape(R, D).contiguous()
-        dx = alloc((R, D), x2.dtype, x2.device)
-        dz = alloc((R, D), zdtype, x2.device)
-        dw_part = alloc((nprog, D), rstd.dtype, x2.device)
-        launch(_gated_rmsnorm_bwd, (nprog,), (x2, z2, weight, rstd, dout2, dx, dz, dw_part, R, D, z2.stride(0)),
-               dict(COMPUTE=compute_dtype(x2.dtype), BLOCK_R=br, BLOCK_D=bd, num_warps=nw))
-        return dx.view(shape), dz.view(shape), dw_part.sum(0).to(weight.dtype), None
+        dx, dz, dw = triton_backward(dout, *ctx.saved_tensors)
+        return dx.view(ctx.shape), dz.view(ctx.shape), dw, None

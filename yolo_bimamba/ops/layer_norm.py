@@ -5,8 +5,8 @@ L = prod(spatial) tokens, (N, L, C): what ``nn.LayerNorm(C)(x.flatten(2).transpo
 one Triton kernel forward and one backward (ops.layer_norm_kernels) that read x channels-first and write the
 token-major output, in x's dtype, with fp32 arithmetic. PyTorch's path instead copies the transposed tokens, casts
 them to fp32 (autocast runs layer_norm in fp32), and under AMP the next projection casts the fp32 output back (most
-of its time the weight and bias gradients' reduction). Elsewhere (CPU, tracing, export, backend "torch") it is that expression, as
-before. ``YOLO_BIMAMBA_FUSED_NORM=0`` turns the kernels off (as for the gated RMSNorm).
+of its time the weight and bias gradients' reduction). Elsewhere (CPU, TorchScript / ONNX tracing, backend "torch")
+it is that expression, as before. ``YOLO_BIMAMBA_FUSED_NORM=0`` turns the kernels off (as for the gated RMSNorm).
 
 Under autocast the kernel's output keeps x's dtype (bf16 / fp16) where PyTorch's is fp32: the in-projection that
 follows casts its input to that dtype anyway, so it sees the same rounded values.
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import config
-from .backend_choice import ForcedConfig, runs_triton, triton_usable
+from .backend_choice import ForcedConfig, compiling, runs_triton, triton_usable
 from .kernel_buffers import accumulation_dtype, alloc, compute_dtype
 from .launch import launch
 
@@ -65,7 +65,11 @@ def layer_norm_channels_first(x: torch.Tensor, weight: torch.Tensor | None, bias
     affine = weight is not None and bias is not None
     if backend == "triton" and not affine:
         raise ValueError("layer_norm_channels_first: backend 'triton' needs both weight and bias")
-    if not (affine and runs_triton("layer_norm_channels_first", backend, x, _triton_ok)):
+    triton = affine and runs_triton("layer_norm_channels_first", backend, x, _triton_ok)
+    if compiling():  # torch.compile / torch.export: the custom op (ops.library), running the backend chosen here
+        return torch.ops.yolo_bimamba.layer_norm_channels_first(x, weight, bias, float(eps),
+                                                                "triton" if triton else "torch")[0]
+    if not triton:
         return layer_norm_channels_first_reference(x, weight, bias, eps)
     return _LayerNormCF.apply(x, weight, bias, float(eps))
 
@@ -78,38 +82,53 @@ def _launch_shape(C: int):
     return max(1, min(toks, MAX_TILE // bc)), bc, warps
 
 
+def triton_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
+    """The forward kernel: (out (N, L, C) in x's dtype, mean, rstd per token in fp32 / fp64)."""
+    from .layer_norm_kernels import _layer_norm_cf_fwd
+
+    N, C = x.shape[:2]
+    x3 = x.reshape(N, C, -1).contiguous()
+    L = x3.shape[2]
+    bl, bc, nw = _launch_shape(C)
+    stat = accumulation_dtype(x.dtype)
+    out = alloc((N, L, C), x.dtype, x.device)
+    mean, rstd = alloc((N * L,), stat, x.device), alloc((N * L,), stat, x.device)
+    launch(_layer_norm_cf_fwd, (-(-L // bl), N), (x3, weight, bias, out, mean, rstd, C, L, eps),
+           dict(COMPUTE=compute_dtype(x.dtype), BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
+    return out, mean, rstd
+
+
+def triton_backward(dout, x, weight, bias, mean, rstd):
+    """The backward kernel: (dx, dweight, dbias) from dout, the forward's inputs and statistics."""
+    from .layer_norm_kernels import _layer_norm_cf_bwd
+
+    N, C = x.shape[:2]
+    x3 = x.reshape(N, C, -1).contiguous()
+    L = x3.shape[2]
+    bl, bc, nw = _launch_shape(C)
+    nprog = -(-L // bl)
+    dx = alloc((N, C, L), x3.dtype, x3.device)
+    dw_part = alloc((N * nprog, C), rstd.dtype, x3.device)
+    db_part = alloc((N * nprog, C), rstd.dtype, x3.device)
+    launch(_layer_norm_cf_bwd, (nprog, N),
+           (x3, weight, mean, rstd, dout.contiguous(), dx, dw_part, db_part, C, L),
+           dict(COMPUTE=compute_dtype(x3.dtype), BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
+    return dx.view(x.shape), dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(bias.dtype)
+
+
 class _LayerNormCF(torch.autograd.Function):
+    """The eager autograd function of the Triton backend (:func:`triton_forward`, :func:`triton_backward`)."""
+
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        from .layer_norm_kernels import _layer_norm_cf_fwd
-
-        N, C = x.shape[:2]
-        x3 = x.reshape(N, C, -1).contiguous()
-        L = x3.shape[2]
-        bl, bc, nw = _launch_shape(C)
-        stat = accumulation_dtype(x.dtype)
-        out = alloc((N, L, C), x.dtype, x.device)
-        mean, rstd = alloc((N * L,), stat, x.device), alloc((N * L,), stat, x.device)
-        launch(_layer_norm_cf_fwd, (-(-L // bl), N), (x3, weight, bias, out, mean, rstd, C, L, eps),
-               dict(COMPUTE=compute_dtype(x.dtype), BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
-        ctx.save_for_backward(x3, weight, mean, rstd)
-        ctx.meta = (x.shape, bias.dtype)
+        x3 = x.reshape(x.shape[0], x.shape[1], -1).contiguous()  # saved as the kernels read it (no second copy)
+        out, mean, rstd = triton_forward(x3, weight, bias, eps)
+        ctx.save_for_backward(x3, weight, bias, mean, rstd)
+        ctx.shape = x.shape
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
-        from .layer_norm_kernels import _layer_norm_cf_bwd
-
-        x3, weight, mean, rstd = ctx.saved_tensors
-        shape, bias_dtype = ctx.meta
-        N, C, L = x3.shape
-        bl, bc, nw = _launch_shape(C)
-        nprog = -(-L // bl)
-        dx = alloc((N, C, L), x3.dtype, x3.device)
-        dw_part = alloc((N * nprog, C), rstd.dtype, x3.device)
-        db_part = alloc((N * nprog, C), rstd.dtype, x3.device)
-        launch(_layer_norm_cf_bwd, (nprog, N),
-               (x3, weight, mean, rstd, dout.contiguous(), dx, dw_part, db_part, C, L),
-               dict(COMPUTE=compute_dtype(x3.dtype), BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
-        return dx.view(shape), dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(bias_dtype), None
+        dx, dw, db = triton_backward(dout, *ctx.saved_tensors)
+        return dx.view(ctx.shape), dw, db, None

@@ -2,9 +2,10 @@
 
 Backends: the chunked PyTorch op (:mod:`.torch_backend`: any device, any size, exportable) and the fused Triton
 kernels (:mod:`.autograd`: CUDA tensors, or CPU tensors under the Triton interpreter). ``backend="auto"`` takes the
-kernels for CUDA tensors unless a graph is traced or exported, Triton is missing, or the sizes are beyond what the
-kernels take (:func:`triton_dims_supported`). The mixers (BiMamba2, Hydra) call :func:`mixer_bi_ssd`, which makes
-one more choice with the same decision: under fp16 AMP the kernels run in bf16 (:func:`mixer_scan_dtype`).
+kernels for CUDA tensors unless a plain-op graph is traced for a file (TorchScript, ONNX), Triton is missing, or the
+sizes are beyond what the kernels take (:func:`triton_dims_supported`). Under torch.compile and torch.export the
+chosen backend runs as the custom op of :mod:`.library`. The mixers (BiMamba2, Hydra) call :func:`mixer_bi_ssd`,
+which makes one more choice with the same decision: under fp16 AMP the kernels run in bf16 (:func:`mixer_scan_dtype`).
 
 Every check runs on shapes, dtypes and devices only (no device synchronisation), before any kernel launch, and
 raises ``ValueError`` naming the argument and the expected shape.
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ... import config
-from ..backend_choice import graph_tracing, triton_usable
+from ..backend_choice import compiling, graph_tracing, triton_usable
 from .torch_backend import bi_ssd_torch
 
 DIRECTIONS = ("both", "forward", "backward")
@@ -151,9 +152,9 @@ def validate_bi_ssd(
 
 
 def auto_picks_triton(headdim: int, dstate: int, dtype: torch.dtype) -> bool:
-    """backend="auto" on CUDA tensors: the Triton kernels unless a graph is traced or exported (TorchScript, ONNX,
-    torch.export, torch.compile), Triton is missing, or the sizes are beyond what the kernels take (then the PyTorch
-    op, which takes any size)."""
+    """backend="auto" on CUDA tensors: the Triton kernels unless a plain-op graph is traced for a file (TorchScript,
+    ONNX; under torch.compile and torch.export they run, through the custom op of library.py), Triton is missing, or
+    the sizes are beyond what the kernels take (then the PyTorch op, which takes any size)."""
     return triton_usable(f"{__package__}.autograd") and triton_dims_supported(headdim, dstate, dtype)
 
 
@@ -166,8 +167,14 @@ def _runs_triton(x: torch.Tensor, headdim: int, dstate: int, backend: str) -> bo
 # default amp=True) on a GPU with bf16 tensor cores (config.FP16_SCAN "bf16", the default): the kernels' fp16 path needs
 # tf32x3 state dots and fp32 buffers, and takes 1.5-1.8x the GPU time of the bf16 path. "fp16" keeps fp16 scans.
 @functools.lru_cache(maxsize=None)
-def _has_bf16_tensor_cores(device_index: int) -> bool:
+def _bf16_tensor_cores(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 8
+
+
+@torch.compiler.assume_constant_result
+def _has_bf16_tensor_cores(device_index: int) -> bool:
+    # (a constant for Dynamo: called once while it traces, not traced itself)
+    return _bf16_tensor_cores(device_index)
 
 
 def _scan_dtype(x: torch.Tensor, triton: bool) -> torch.dtype:
@@ -182,7 +189,8 @@ def mixer_scan_dtype(x: torch.Tensor, headdim: int, dstate: int, backend: str = 
     """The dtype in which a mixer runs the scan of its inputs x (YOLO_BIMAMBA_FP16_SCAN, config.FP16_SCAN): x's own,
     except fp16 CUDA inputs that the Triton kernels take, on a GPU with bf16 tensor cores: bf16 (the same exponent
     range as fp32, so an fp16 value or loss-scaled gradient never overflows there; 8 instead of 11 significant bits,
-    as in bf16 AMP). Never while a graph is traced or exported (the scan then runs the PyTorch op, in x's dtype)."""
+    as in bf16 AMP). Never while a plain-op graph is traced for a file (the scan then runs the PyTorch op, in x's
+    dtype)."""
     return _scan_dtype(x, _runs_triton(x, headdim, dstate, backend))
 
 
@@ -247,13 +255,20 @@ _DEFAULTS = dict(chunk_size=64, D=None, dt_bias=None, dt_softplus=False, dt_limi
 def _call(x, dt, A, B, C, kw, backend, mixer):
     """Validate once, choose the backend once (and, for a mixer, the scan dtype), call it."""
     shape = validate_bi_ssd(x, dt, A, B, C, backend=backend, **{k: v for k, v in kw.items() if k != "dt_softplus"})
-    if not _runs_triton(x, shape.headdim, shape.dstate, backend):
-        return bi_ssd_torch(x, dt, A, B, C, **kw)
-    from .autograd import bi_ssd_triton  # (imports Triton)
+    triton = _runs_triton(x, shape.headdim, shape.dstate, backend)
+    if compiling():  # torch.compile / torch.export: the custom op (library.py), running the backend chosen here
+        from .library import call
 
-    sd = _scan_dtype(x, True) if mixer else x.dtype
+        run = functools.partial(call, backend="triton" if triton else "torch")
+    elif not triton:
+        return bi_ssd_torch(x, dt, A, B, C, **kw)
+    else:
+        from .autograd import bi_ssd_triton  # (imports Triton)
+
+        run = functools.partial(bi_ssd_triton, validate=False)  # validated above
+    sd = _scan_dtype(x, True) if mixer and triton else x.dtype
     if sd == x.dtype:
-        return bi_ssd_triton(x, dt, A, B, C, validate=False, **kw)  # validated above
+        return run(x, dt, A, B, C, **kw)
     cast = lambda t: None if t is None else t.to(sd)  # noqa: E731
     kw = dict(kw, B_bwd=cast(kw.get("B_bwd")), C_bwd=cast(kw.get("C_bwd")))
-    return bi_ssd_triton(x.to(sd), dt, A, cast(B), cast(C), validate=False, **kw).to(x.dtype)
+    return run(x.to(sd), dt, A, cast(B), cast(C), **kw).to(x.dtype)

@@ -24,7 +24,7 @@ from .kernels_states import _bi_ssd_state_kernel
 from .tuning import BWD_CONFIGS, FWD_CONFIGS, PAIRS_CONFIGS, STATE_CONFIGS, cdiv
 from .api import kernel_tile, validate_bi_ssd
 
-__all__ = ["bi_ssd_triton"]
+__all__ = ["bi_ssd_triton", "triton_forward", "triton_backward"]
 
 # the backward's dot classes, each a keyword argument of the kernels naming an input precision (_dot_precisions)
 DOT_CLASSES = ("DOT_ST", "DOT_RD", "DOT_MID", "DOT_IN", "DOT_LO")
@@ -149,176 +149,195 @@ def _chunk_tile(used, which):
     return used.kwargs["BLOCK_Q"], used.kwargs.get("BLOCK_P")
 
 
+def triton_forward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd, opts, keep_states, seg=None):
+    """The forward launches on contiguous inputs: (y in x's dtype, dtp, dtbp, st, seg), what the backward reads.
+
+    dtp: the processed dt of the forward direction; dtbp: the backward direction's where it has its own dt (Hydra
+    mode with both directions), else None (dtp serves both); st: the boundary states S_f, S_b (computed at the
+    backward's precision) where ``keep_states`` and the sequence has several segments, else None; seg: the segment
+    rows (``seg`` if given, else tuning.segment_rows). Called by _BiSSDFn (eager) and by the custom op
+    ``yolo_bimamba::bi_ssd`` (ops.bi_ssd.library: torch.compile, torch.export)."""
+    dt_softplus, lo, hi, do_f, do_b, shift = opts
+    b, l, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    separate = dt_bwd is not None
+    dtb, Bb, Cb = (dt_bwd, B_bwd, C_bwd) if separate else (dt, B, C)
+    y = _alloc(x.shape, _acc_dtype(x.dtype), x.device)
+    has_d, has_bias = D is not None, dt_bias is not None
+    bias_arg = dt_bias if has_bias else x
+    # the backward reads the forward's boundary states S_f, S_b (computed at its precision when it will run)
+    seg, nseg, st = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, None, opts, has_bias, seg=seg,
+                                     exact=keep_states)
+    # the processed dt (softplus, bias, limits) of each direction, stored by the forward kernel for the kernels
+    # after it (they read it as it is: _PROCESSED)
+    cdt = accumulation_dtype(x.dtype)
+    dtp = _alloc(dt.shape, cdt, x.device)
+    dtbp = _alloc(dt.shape, cdt, x.device) if separate and do_b else dtp
+    store_dt = (1 if do_f else 0) + (2 if do_b and (separate or not do_f) else 0)
+    args = (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, y, st, dtp, dtbp, l, h, g, seg, lo, hi)
+    common = dict(P=p, N=n, BLOCK_N=kernel_tile(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias,
+                  SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype))
+    used = _launch(_bi_ssd_fwd_kernel, tuning.fwd_tuner, FWD_CONFIGS, "fwd",
+                   lambda meta: (b * h, cdiv(p, meta["BLOCK_P"]), nseg), args,
+                   dict(common, HAS_D=has_d, D_PER_P=has_d and D.dim() == 2, AHEAD=tuning.fwd_ahead_bits(p, n),
+                        STORE_DT=store_dt))
+    # the in-chunk pairs, in the chunks and headdim blocks of the forward kernel's config
+    q, bp = _chunk_tile(used, "forward")
+    # (C B^T once per program, for each of its heads: fwd_pairs_heads)
+    heads = tuning.fwd_pairs_heads(b, g, h // g, cdiv(p, bp) * cdiv(l, q), n, x.device)
+    _launch(_bi_ssd_fwd_pairs_kernel, tuning.fwd_pairs_tuner, PAIRS_CONFIGS, "fwd_pairs",
+            lambda meta: (b * g * cdiv(h // g, heads), cdiv(p, bp), cdiv(l, q)),
+            (x, dtp, A, B, C, x, dtbp, Bb, Cb, y, l, h, g, heads, *_PROCESSED_LIMITS),
+            dict(common, **_PROCESSED, SHARE=_shares(opts, separate), GROUPED=heads > 1, BLOCK_Q=q, BLOCK_P=bp))
+    return y.to(x.dtype), dtp, None if dtbp is dtp else dtbp, st if keep_states and nseg > 1 else None, seg
+
+
+def triton_backward(dy, x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd, dtp, dtbp, st, opts, seg):
+    """The backward launches: the gradients (dx, ddt, dA, dB, dC, dD, ddt_bias, ddt_bwd, dB_bwd, dC_bwd; None where
+    the input is None) from dy and what :func:`triton_forward` returned (dtbp, st None as it returns them)."""
+    dt_softplus, lo, hi, do_f, do_b, shift = opts
+    if dtbp is None:
+        dtbp = dtp
+    b, l, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    dev = x.device
+    dy = dy.contiguous()
+    separate = dt_bwd is not None
+    dtb, Bb, Cb = (dt_bwd, B_bwd, C_bwd) if separate else (dt, B, C)
+    share = _shares(opts, separate)
+    cdt = accumulation_dtype(x.dtype)
+    # ngroups < nheads: the segment kernel's dB, dC as each group's rows in fp32, summed over its heads in head
+    # order (ordered), or as per-head rows that the pairs kernel sums over each group's heads in fp32; the latter in
+    # the dtype of the buffers that are read back and added to (bf16 for bf16 inputs, as y and dx; fp32 for fp16)
+    split, ordered = tuning.backward_launches(p, n, share, g != h, separate, do_f and do_b)
+    per_head = g != h and not ordered
+    gdt = cdt if ordered else _acc_dtype(B.dtype)
+    gshape = (b, l, h, n) if per_head else (b, l, g, n)
+    dx = _alloc(x.shape, _acc_dtype(x.dtype), dev)
+    ddt = _alloc(dt.shape, dt.dtype, dev)
+    dB = _alloc(gshape, gdt, dev)
+    dC = _alloc(gshape, gdt, dev)
+    if separate:
+        ddtb = _alloc(dt.shape, dt_bwd.dtype, dev)
+        # two launches: the backward direction's dB, dC are allocated after the forward direction's were summed
+        # into its gradients
+        dBb, dCb = (None, None) if split else (_alloc(gshape, gdt, dev), _alloc(gshape, gdt, dev))
+    else:
+        ddtb, dBb, dCb = ddt, dB, dC
+    scr = _alloc((b * h, 6, l), cdt, dev)
+    has_d, has_bias = D is not None, dt_bias is not None
+    bias_arg = dt_bias if has_bias else x
+    # the segment, state and pairs kernels read the forward's processed dt (dtp, dtbp) as it is; the last pass
+    # (ddt, dA, d dt_bias) takes dt as given, with its softplus, bias and limits
+    seg, nseg, gst = _segment_states(x, dtp, A, B, C, x, dtbp, Bb, Cb, dy,
+                                     (_PROCESSED["SOFTPLUS"], *_PROCESSED_LIMITS, do_f, do_b, shift),
+                                     _PROCESSED["HAS_BIAS"], seg=seg)
+    if st is None:  # one segment: no states in the forward either (gst is the stand-in)
+        if nseg > 1:
+            raise RuntimeError("bi_ssd_triton: the forward kept no boundary states for the backward")
+        st = gst
+    part_d = _alloc((b, h, nseg, p), cdt, dev)
+    part = _alloc((b, h, 2), cdt, dev)
+    # ORDERED: two ticket slots, then a counter per (batch * group, dB / dC, chunk), all zero
+    cnt = torch.zeros(2 + 2 * b * g * cdiv(l, tuning.MIN_BWD_Q), dtype=torch.int32, device=dev) if ordered else part
+    common = dict(DO_F=do_f, DO_B=do_b, SHIFT=shift, **_PROCESSED, COMPUTE=compute_dtype(x.dtype))
+
+    def args(gB, gC, gBb, gCb):
+        return (x, dtp, A, B, C, D if has_d else x, x, dtbp, Bb, Cb, dy,
+                dx, gB, gC, ddt, gBb, gCb, ddtb, scr, part_d, st, gst, cnt, l, h, g, seg, *_PROCESSED_LIMITS)
+
+    dots = _dot_precisions(x)
+
+    def outputs(tB, tC, likeB, likeC):
+        # what the pairs kernel stores the gradients into (the per-head buffers summed over each group's heads):
+        # with one head per group, the segment kernel's buffers themselves where they have the inputs' dtypes
+        if not per_head and tB.dtype == likeB.dtype and tC.dtype == likeC.dtype:
+            return tB, tC
+        return _alloc(likeB.shape, likeB.dtype, dev), _alloc(likeC.shape, likeC.dtype, dev)
+
+    kwargs = dict(
+        P=p, N=n, BLOCK_P=kernel_tile(p), BLOCK_N=kernel_tile(n), SEPARATE=separate,
+        SHARE=share, HAS_D=has_d,
+        D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head, ORDERED=ordered,
+        DOT_ST=dots["DOT_ST"], DOT_RD=dots["DOT_RD"], DOT_LO=dots["DOT_LO"], AHEAD=tuning.bwd_ahead_bits(p, n),
+        **common,
+    )
+    grid = lambda meta: (b * h, nseg)  # noqa: E731
+    bwd = functools.partial(_launch, _bi_ssd_bwd_kernel, tuning.bwd_tuner, BWD_CONFIGS, "bwd", grid)
+    # (the pairs kernel's own AHEAD replaces the segment kernel's)
+    pkw = {k: v for k, v in kwargs.items() if k not in ("HAS_D", "D_PER_P", "DOT_ST", "DOT_RD", "ORDERED")}
+    pkw.update(DOT_MID=dots["DOT_MID"], DOT_IN=dots["DOT_IN"], AHEAD=tuning.bwd_pairs_ahead())
+
+    def pairs(used, gB, gC, gBb, gCb, oB, oC, oBb, oCb, **flags):
+        # the in-chunk pairs, after the segment kernel of the same directions, in the same chunks (its BLOCK_Q);
+        # one program per (batch * group, chunk)
+        q = _chunk_tile(used, "backward")[0]
+        _launch(_bi_ssd_bwd_pairs_kernel, tuning.bwd_pairs_tuner, PAIRS_CONFIGS, "pairs",
+                lambda meta: (b * g, cdiv(l, q)),
+                (x, dtp, A, B, C, x, dtbp, Bb, Cb, dy, dx, gB, gC, gBb, gCb, oB, oC, oBb, oCb, scr, l, h, g,
+                 *_PROCESSED_LIMITS),
+                {**pkw, **flags, "BLOCK_Q": q})
+
+    gB, gC = outputs(dB, dC, B, C)
+    if split and separate:
+        # Hydra mode in two launches: each direction has its own dB, dC (per head when ngroups < nheads, the
+        # largest buffers of the backward); the first direction's are summed into its gradients and freed
+        # before the second direction's are allocated, so at most two of the four exist at a time. A launch never
+        # touches the other direction's dB, dC: their arguments are placeholders.
+        used = bwd(args(dB, dC, dB, dC), {**kwargs, "DO_B": False, "ACC": False})
+        pairs(used, dB, dC, dB, dC, gB, gC, gB, gC, DO_B=False)
+        del dB, dC
+        dBb, dCb = _alloc(gshape, gdt, dev), _alloc(gshape, gdt, dev)
+        gBb, gCb = outputs(dBb, dCb, B_bwd, C_bwd)
+        used = bwd(args(dBb, dCb, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True})
+        pairs(used, dBb, dCb, dBb, dCb, gBb, gCb, gBb, gCb, DO_F=False)
+    else:
+        gBb, gCb = outputs(dBb, dCb, B_bwd, C_bwd) if separate else (gB, gC)
+        if split:
+            used = bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_B": False, "ACC": False})
+            # one pairs launch does both directions' in-chunk pairs (with SHARE in one tile), in the chunks of both
+            # segment launches: the second runs the first's config (the autotuner would time each launch alone
+            # and could pick another BLOCK_Q for each)
+            bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True}, cfg=used)
+        else:
+            used = bwd(args(dB, dC, dBb, dCb), {**kwargs, "ACC": False})
+        pairs(used, dB, dC, dBb, dCb, gB, gC, gBb, gCb)
+    launch(_bi_ssd_bwd_dt_kernel, (b * h,), (dt, A, bias_arg, dtb, ddt, ddtb, scr, part, l, h, lo, hi),
+           dict(DO_F=do_f, DO_B=do_b, SEPARATE=separate, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
+                COMPUTE=compute_dtype(x.dtype), BLOCK_Q=tuning.PASS_C_ROWS))
+
+    # dA, d dt_bias, dD: the partials summed over the batch (and segments) in one launch, in a fixed order
+    dA = _alloc(A.shape, A.dtype, dev)
+    ddt_bias = _alloc(dt_bias.shape, dt_bias.dtype, dev) if has_bias else None
+    dD = _alloc(D.shape, D.dtype, dev) if has_d else None
+    launch(_bi_ssd_grad_sums_kernel, (h,), (part, part_d, dA, dA if ddt_bias is None else ddt_bias,
+                                            dA if dD is None else dD, b, h, nseg),
+           dict(P=p, BLOCK_P=kernel_tile(p), BLOCK_R=tuning.GRAD_SUM_ROWS, HAS_BIAS=has_bias, HAS_D=has_d,
+                D_PER_P=has_d and D.dim() == 2, COMPUTE=compute_dtype(x.dtype), num_warps=1))
+    grads = [dx.to(x.dtype), ddt, dA, gB, gC, dD, ddt_bias]
+    if separate:
+        grads += [ddtb, gBb, gCb]
+    else:
+        grads += [None, None, None]
+    return grads
+
+
 class _BiSSDFn(torch.autograd.Function):
+    """The eager autograd function: :func:`triton_forward`, then :func:`triton_backward` on what it saved."""
+
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd, opts):
-        dt_softplus, lo, hi, do_f, do_b, shift = opts
-        b, l, h, p = x.shape
-        g, n = B.shape[2], B.shape[3]
-        separate = dt_bwd is not None
-        dtb, Bb, Cb = (dt_bwd, B_bwd, C_bwd) if separate else (dt, B, C)
-        y = _alloc(x.shape, _acc_dtype(x.dtype), x.device)
-        has_d, has_bias = D is not None, dt_bias is not None
-        bias_arg = dt_bias if has_bias else x
-        # the backward reads the forward's boundary states S_f, S_b (computed at its precision when it will run)
-        wants_grad = any(ctx.needs_input_grad)
-        seg, nseg, st = _segment_states(x, dt, A, B, C, bias_arg, dtb, Bb, Cb, None, opts, has_bias, exact=wants_grad)
-        # the processed dt (softplus, bias, limits) of each direction, stored by the forward kernel for the kernels
-        # after it (they read it as it is: _PROCESSED)
-        cdt = accumulation_dtype(x.dtype)
-        dtp = _alloc(dt.shape, cdt, x.device)
-        dtbp = _alloc(dt.shape, cdt, x.device) if separate and do_b else dtp
-        store_dt = (1 if do_f else 0) + (2 if do_b and (separate or not do_f) else 0)
-        args = (x, dt, A, B, C, D if has_d else x, bias_arg, dtb, Bb, Cb, y, st, dtp, dtbp, l, h, g, seg, lo, hi)
-        common = dict(P=p, N=n, BLOCK_N=kernel_tile(n), DO_F=do_f, DO_B=do_b, SHIFT=shift, HAS_BIAS=has_bias,
-                      SOFTPLUS=dt_softplus, COMPUTE=compute_dtype(x.dtype))
-        used = _launch(_bi_ssd_fwd_kernel, tuning.fwd_tuner, FWD_CONFIGS, "fwd",
-                       lambda meta: (b * h, cdiv(p, meta["BLOCK_P"]), nseg), args,
-                       dict(common, HAS_D=has_d, D_PER_P=has_d and D.dim() == 2, AHEAD=tuning.fwd_ahead_bits(p, n),
-                            STORE_DT=store_dt))
-        # the in-chunk pairs, in the chunks and headdim blocks of the forward kernel's config
-        q, bp = _chunk_tile(used, "forward")
-        # (C B^T once per program, for each of its heads: fwd_pairs_heads)
-        heads = tuning.fwd_pairs_heads(b, g, h // g, cdiv(p, bp) * cdiv(l, q), n, x.device)
-        _launch(_bi_ssd_fwd_pairs_kernel, tuning.fwd_pairs_tuner, PAIRS_CONFIGS, "fwd_pairs",
-                lambda meta: (b * g * cdiv(h // g, heads), cdiv(p, bp), cdiv(l, q)),
-                (x, dtp, A, B, C, x, dtbp, Bb, Cb, y, l, h, g, heads, *_PROCESSED_LIMITS),
-                dict(common, **_PROCESSED, SHARE=_shares(opts, separate), GROUPED=heads > 1, BLOCK_Q=q, BLOCK_P=bp))
-        ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd, dtp, None if dtbp is dtp else dtbp,
-                              st if wants_grad and nseg > 1 else None)
+        y, dtp, dtbp, st, seg = triton_forward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd, opts,
+                                               keep_states=any(ctx.needs_input_grad))
+        ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd, dtp, dtbp, st)
         ctx.opts, ctx.seg = opts, seg
-        return y.to(x.dtype)
+        return y
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, dy):
-        x, dt, A, B, C, D, dt_bias, dt_bwd, B_bwd, C_bwd, dtp, dtbp, st = ctx.saved_tensors
-        dt_softplus, lo, hi, do_f, do_b, shift = ctx.opts
-        if dtbp is None:
-            dtbp = dtp
-        b, l, h, p = x.shape
-        g, n = B.shape[2], B.shape[3]
-        dev = x.device
-        dy = dy.contiguous()
-        separate = dt_bwd is not None
-        dtb, Bb, Cb = (dt_bwd, B_bwd, C_bwd) if separate else (dt, B, C)
-        share = _shares(ctx.opts, separate)
-        cdt = accumulation_dtype(x.dtype)
-        # ngroups < nheads: the segment kernel's dB, dC as each group's rows in fp32, summed over its heads in head
-        # order (ordered), or as per-head rows that the pairs kernel sums over each group's heads in fp32; the latter in
-        # the dtype of the buffers that are read back and added to (bf16 for bf16 inputs, as y and dx; fp32 for fp16)
-        split, ordered = tuning.backward_launches(p, n, share, g != h, separate, do_f and do_b)
-        per_head = g != h and not ordered
-        gdt = cdt if ordered else _acc_dtype(B.dtype)
-        gshape = (b, l, h, n) if per_head else (b, l, g, n)
-        dx = _alloc(x.shape, _acc_dtype(x.dtype), dev)
-        ddt = _alloc(dt.shape, dt.dtype, dev)
-        dB = _alloc(gshape, gdt, dev)
-        dC = _alloc(gshape, gdt, dev)
-        if separate:
-            ddtb = _alloc(dt.shape, dt_bwd.dtype, dev)
-            # two launches: the backward direction's dB, dC are allocated after the forward direction's were summed
-            # into its gradients
-            dBb, dCb = (None, None) if split else (_alloc(gshape, gdt, dev), _alloc(gshape, gdt, dev))
-        else:
-            ddtb, dBb, dCb = ddt, dB, dC
-        scr = _alloc((b * h, 6, l), cdt, dev)
-        has_d, has_bias = D is not None, dt_bias is not None
-        bias_arg = dt_bias if has_bias else x
-        # the segment, state and pairs kernels read the forward's processed dt (dtp, dtbp) as it is; the last pass
-        # (ddt, dA, d dt_bias) takes dt as given, with its softplus, bias and limits
-        seg, nseg, gst = _segment_states(x, dtp, A, B, C, x, dtbp, Bb, Cb, dy,
-                                         (_PROCESSED["SOFTPLUS"], *_PROCESSED_LIMITS, do_f, do_b, shift),
-                                         _PROCESSED["HAS_BIAS"], seg=ctx.seg)
-        if st is None:  # one segment: no states in the forward either (gst is the stand-in)
-            if nseg > 1:
-                raise RuntimeError("bi_ssd_triton: the forward kept no boundary states for the backward")
-            st = gst
-        part_d = _alloc((b, h, nseg, p), cdt, dev)
-        part = _alloc((b, h, 2), cdt, dev)
-        # ORDERED: two ticket slots, then a counter per (batch * group, dB / dC, chunk), all zero
-        cnt = torch.zeros(2 + 2 * b * g * cdiv(l, tuning.MIN_BWD_Q), dtype=torch.int32, device=dev) if ordered else part
-        common = dict(DO_F=do_f, DO_B=do_b, SHIFT=shift, **_PROCESSED, COMPUTE=compute_dtype(x.dtype))
-
-        def args(gB, gC, gBb, gCb):
-            return (x, dtp, A, B, C, D if has_d else x, x, dtbp, Bb, Cb, dy,
-                    dx, gB, gC, ddt, gBb, gCb, ddtb, scr, part_d, st, gst, cnt, l, h, g, seg, *_PROCESSED_LIMITS)
-
-        dots = _dot_precisions(x)
-
-        def outputs(tB, tC, likeB, likeC):
-            # what the pairs kernel stores the gradients into (the per-head buffers summed over each group's heads):
-            # with one head per group, the segment kernel's buffers themselves where they have the inputs' dtypes
-            if not per_head and tB.dtype == likeB.dtype and tC.dtype == likeC.dtype:
-                return tB, tC
-            return _alloc(likeB.shape, likeB.dtype, dev), _alloc(likeC.shape, likeC.dtype, dev)
-
-        kwargs = dict(
-            P=p, N=n, BLOCK_P=kernel_tile(p), BLOCK_N=kernel_tile(n), SEPARATE=separate,
-            SHARE=share, HAS_D=has_d,
-            D_PER_P=has_d and D.dim() == 2, GRAD_PER_HEAD=per_head, ORDERED=ordered,
-            DOT_ST=dots["DOT_ST"], DOT_RD=dots["DOT_RD"], DOT_LO=dots["DOT_LO"], AHEAD=tuning.bwd_ahead_bits(p, n),
-            **common,
-        )
-        grid = lambda meta: (b * h, nseg)  # noqa: E731
-        bwd = functools.partial(_launch, _bi_ssd_bwd_kernel, tuning.bwd_tuner, BWD_CONFIGS, "bwd", grid)
-        # (the pairs kernel's own AHEAD replaces the segment kernel's)
-        pkw = {k: v for k, v in kwargs.items() if k not in ("HAS_D", "D_PER_P", "DOT_ST", "DOT_RD", "ORDERED")}
-        pkw.update(DOT_MID=dots["DOT_MID"], DOT_IN=dots["DOT_IN"], AHEAD=tuning.bwd_pairs_ahead())
-
-        def pairs(used, gB, gC, gBb, gCb, oB, oC, oBb, oCb, **flags):
-            # the in-chunk pairs, after the segment kernel of the same directions, in the same chunks (its BLOCK_Q);
-            # one program per (batch * group, chunk)
-            q = _chunk_tile(used, "backward")[0]
-            _launch(_bi_ssd_bwd_pairs_kernel, tuning.bwd_pairs_tuner, PAIRS_CONFIGS, "pairs",
-                    lambda meta: (b * g, cdiv(l, q)),
-                    (x, dtp, A, B, C, x, dtbp, Bb, Cb, dy, dx, gB, gC, gBb, gCb, oB, oC, oBb, oCb, scr, l, h, g,
-                     *_PROCESSED_LIMITS),
-                    {**pkw, **flags, "BLOCK_Q": q})
-
-        gB, gC = outputs(dB, dC, B, C)
-        if split and separate:
-            # Hydra mode in two launches: each direction has its own dB, dC (per head when ngroups < nheads, the
-            # largest buffers of the backward); the first direction's are summed into its gradients and freed
-            # before the second direction's are allocated, so at most two of the four exist at a time. A launch never
-            # touches the other direction's dB, dC: their arguments are placeholders.
-            used = bwd(args(dB, dC, dB, dC), {**kwargs, "DO_B": False, "ACC": False})
-            pairs(used, dB, dC, dB, dC, gB, gC, gB, gC, DO_B=False)
-            del dB, dC
-            dBb, dCb = _alloc(gshape, gdt, dev), _alloc(gshape, gdt, dev)
-            gBb, gCb = outputs(dBb, dCb, B_bwd, C_bwd)
-            used = bwd(args(dBb, dCb, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True})
-            pairs(used, dBb, dCb, dBb, dCb, gBb, gCb, gBb, gCb, DO_F=False)
-        else:
-            gBb, gCb = outputs(dBb, dCb, B_bwd, C_bwd) if separate else (gB, gC)
-            if split:
-                used = bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_B": False, "ACC": False})
-                # one pairs launch does both directions' in-chunk pairs (with SHARE in one tile), in the chunks of both
-                # segment launches: the second runs the first's config (the autotuner would time each launch alone
-                # and could pick another BLOCK_Q for each)
-                bwd(args(dB, dC, dBb, dCb), {**kwargs, "DO_F": False, "ACC": True}, cfg=used)
-            else:
-                used = bwd(args(dB, dC, dBb, dCb), {**kwargs, "ACC": False})
-            pairs(used, dB, dC, dBb, dCb, gB, gC, gBb, gCb)
-        launch(_bi_ssd_bwd_dt_kernel, (b * h,), (dt, A, bias_arg, dtb, ddt, ddtb, scr, part, l, h, lo, hi),
-               dict(DO_F=do_f, DO_B=do_b, SEPARATE=separate, HAS_BIAS=has_bias, SOFTPLUS=dt_softplus,
-                    COMPUTE=compute_dtype(x.dtype), BLOCK_Q=tuning.PASS_C_ROWS))
-
-        # dA, d dt_bias, dD: the partials summed over the batch (and segments) in one launch, in a fixed order
-        dA = _alloc(A.shape, A.dtype, dev)
-        ddt_bias = _alloc(dt_bias.shape, dt_bias.dtype, dev) if has_bias else None
-        dD = _alloc(D.shape, D.dtype, dev) if has_d else None
-        launch(_bi_ssd_grad_sums_kernel, (h,), (part, part_d, dA, dA if ddt_bias is None else ddt_bias,
-                                                dA if dD is None else dD, b, h, nseg),
-               dict(P=p, BLOCK_P=kernel_tile(p), BLOCK_R=tuning.GRAD_SUM_ROWS, HAS_BIAS=has_bias, HAS_D=has_d,
-                    D_PER_P=has_d and D.dim() == 2, COMPUTE=compute_dtype(x.dtype), num_warps=1))
-        grads = [dx.to(x.dtype), ddt, dA, gB, gC, dD, ddt_bias]
-        if separate:
-            grads += [ddtb, gBb, gCb]
-        else:
-            grads += [None, None, None]
-        return (*grads, None)
+        return (*triton_backward(dy, *ctx.saved_tensors, ctx.opts, ctx.seg), None)
 
 
 def bi_ssd_triton(
