@@ -17,7 +17,9 @@ head or per channel, ngroups > 1, with and without dt_bias/softplus) and problem
 (headdim x d_state = 64x64, 64x128, 128x128), for fp32 and bf16 inputs.
 
 If anything in this chain is missing (no Triton, no NVIDIA backend, no ptxas, a changed Triton
-API), the tests fail; they are never skipped.
+API), the tests fail; they are never skipped. The tests that need the compile worker are marked ``exhaustive``:
+the README's ``pytest`` leaves them out (they take minutes on a 2-core machine), ``pytest -m exhaustive`` runs them,
+and ``.ci/run`` runs both.
 """
 from __future__ import annotations
 
@@ -488,6 +490,7 @@ def _fmt(r):
     return f"{r['dtype']} {r['variant']} {r['kernel']} config {r['config_index']} {r['config']}"
 
 
+@pytest.mark.exhaustive  # the compile worker: minutes on 2 cores (pytest -m exhaustive; .ci/run runs it)
 @pytest.mark.parametrize("dtype,kernel,cfg", _PARAMS, ids=[f"{d}-{k}-cfg{i}" for d, k, i in _PARAMS])
 def test_config_compiles_for_sm90(report, dtype, kernel, cfg):
     rows = [r for r in report["results"] if r["dtype"] == dtype and r["kernel"] == kernel and r["config_index"] == cfg]
@@ -515,6 +518,7 @@ def test_config_compiles_for_sm90(report, dtype, kernel, cfg):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.exhaustive  # the compile worker: minutes on 2 cores (pytest -m exhaustive; .ci/run runs it)
 def test_every_launched_kernel_is_covered(report):
     """Kernels launched without an autotuner (if any) must compile too, and every variant ran."""
     known = {k for k, _ in _KERNELS}
@@ -538,6 +542,7 @@ def _assert_fits_sm90(rows):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.exhaustive  # the compile worker: minutes on 2 cores (pytest -m exhaustive; .ci/run runs it)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dwconv_kernels_compile_for_sm90(report, dtype):
     """The conv1d + SiLU kernels (launched without an autotuner): every config, all the way to a cubin."""
@@ -564,6 +569,7 @@ def _assert_norm_kernels(report, dtype, variant, kernels, tile_names, configs, m
     _assert_fits_sm90(rows)
 
 
+@pytest.mark.exhaustive  # the compile worker: minutes on 2 cores (pytest -m exhaustive; .ci/run runs it)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gated_norm_kernels_compile_for_sm90(report, dtype):
     """The gated RMSNorm kernels: every config at d = 64 and 1024."""
@@ -574,6 +580,7 @@ def test_gated_norm_kernels_compile_for_sm90(report, dtype):
                          ("BLOCK_R", "BLOCK_D"), CONFIGS, MAX_TILE)
 
 
+@pytest.mark.exhaustive  # the compile worker: minutes on 2 cores (pytest -m exhaustive; .ci/run runs it)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_layer_norm_kernels_compile_for_sm90(report, dtype):
     """The channels-first LayerNorm kernels: every config at C = 64 and 1024."""

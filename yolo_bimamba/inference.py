@@ -14,7 +14,8 @@ then replays it: one launch per call, the same kernels on the same buffers, so t
 
 Inside the block the model's ``forward`` replays a graph when that is safe and runs eagerly otherwise:
 - not CUDA, the model in training mode, gradients enabled, keyword arguments that ask for more than the plain
-  prediction (``augment``, ``visualize``, ``embed``), inside a trace, an export or another capture, or a module hook;
+  prediction (``augment``, ``visualize``, ``embed``), inside a trace, an export, ``torch.compile`` or another capture,
+  or a module hook;
 - more than ``max_shapes`` input shapes seen (each shape is one capture), or a capture that failed (one warning).
 Parameters are read in place, but a parameter that is moved, cast or replaced (``fuse()``, ``half()``, ``to()``)
 makes a new key and a new capture. Outputs are copies: nothing the caller keeps is overwritten by the next replay.
@@ -30,7 +31,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .nn.cuda_graph import capture, end_stuck_capture, hooked
-from .ops.backend_choice import graph_tracing
+from .ops.backend_choice import compiling, graph_tracing
 
 __all__ = ["graph_inference", "GraphedForward"]
 
@@ -79,6 +80,7 @@ class GraphedForward:
     def _usable(self, x, args, kwargs) -> bool:
         return (isinstance(x, torch.Tensor) and x.is_cuda and not self.module.training and not torch.is_grad_enabled()
                 and not self.failed and _plain_call(args, kwargs) and not graph_tracing()
+                and not compiling()
                 and not torch.cuda.is_current_stream_capturing() and not hooked(self.module))
 
     def __call__(self, x, *args, **kwargs):
