@@ -30,11 +30,12 @@ puts in .whl/), carrying ``.whl`` and ``.quality-data/sources``, from the reposi
     export PYTHONPATH=$PWD:/tmp/site:$PYTHONPATH YOLO_CONFIG_DIR=/tmp/ybm-config
     python3 benchmarks/quality.py run --out $OUT --budget-s 520 [--merge EARLIER/quality.json]
 
-Default grid: the 6 baselines + 4 of ours (yolov8n-bimamba-p5, yolov8n-bimamba, study p45 and p5-rowcol) x digits
+Default grid: the 6 baselines + 7 of ours (yolov8n-bimamba-p5, yolov8n-bimamba, yolo11n-, yolo26n-bimamba,
+yolov8n-bimamba-sppf, study p45 and p5-rowcol) x digits
 (256 px) and fashion (320 px) x seeds 0, 1, 2; 30 epochs, batch 32, fp16 AMP, RAM cache; 6 runs at once with 2
 loader workers each. Expected time (an estimate from earlier 80-epoch digits runs, 3.6-4.9 s an epoch with 5 runs
-sharing an H200): a digits run about 100 s, a fashion run about 140 s, so the 60 runs, 6 at a time, about 20 min:
-three calls of --budget-s 520 (runs are seed-major, so the first call covers seed 0 of every model on both
+sharing an H200): a digits run about 100 s, a fashion run about 140 s, so the 78 runs, 6 at a time, about 26 min:
+four calls of --budget-s 520 (runs are seed-major, so the first call covers seed 0 of every model on both
 datasets), then the speed entries, about 15 s per model.
 """
 
@@ -58,8 +59,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 BASELINES = ["yolov8n.yaml", "yolov8s.yaml", "yolo11n.yaml", "yolo11s.yaml", "yolo26n.yaml", "yolo12n.yaml"]
-OURS = ["yolov8n-bimamba-p5.yaml", "yolov8n-bimamba.yaml", "study/yolov8n-bimamba-p45.yaml",
-        "study/yolov8n-bimamba-p5-rowcol.yaml"]
+OURS = ["yolov8n-bimamba-p5.yaml", "yolov8n-bimamba.yaml", "yolo11n-bimamba.yaml", "yolo26n-bimamba.yaml",
+        "yolov8n-bimamba-sppf.yaml", "study/yolov8n-bimamba-p45.yaml", "study/yolov8n-bimamba-p5-rowcol.yaml"]
 DATASETS = {"digits": "digits.yaml", "fashion": "fashion.yaml", "digits-tiny": "digits-tiny.yaml",
             "fashion-tiny": "fashion-tiny.yaml"}
 # The recipe every model trains with (from scratch; few epochs): AdamW at a fixed lr, short warm-up, no mosaic.
@@ -68,7 +69,8 @@ DATASET_RECIPE = {"digits": dict(fliplr=0.0), "digits-tiny": dict(fliplr=0.0)}  
 GRID_DEFAULTS = dict(mode="scratch", models=BASELINES + OURS, datasets=["digits", "fashion"], seeds=[0, 1, 2],
                      epochs=30, imgsz={"digits": 256, "fashion": 320}, batch=32, parallel=6, workers=2, device="0",
                      budget_s=0.0, amp=True, cache="ram", pretrain_data="fashion", pretrain_epochs=20,
-                     finetune_pairs=["yolov8n.yaml:yolov8n-bimamba-p5.yaml"], speed=True, latency_imgsz=640,
+                     finetune_pairs=["yolo11n.yaml:yolo11n-bimamba.yaml", "yolo26n.yaml:yolo26n-bimamba.yaml",
+                                     "yolov8n.yaml:yolov8n-bimamba-sppf.yaml"], speed=True, latency_imgsz=640,
                      run_timeout_s=3600.0)
 
 
