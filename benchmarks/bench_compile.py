@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from bench_train import PRECISIONS, graphs_env, make_batch  # (this folder; it registers the blocks)
+from bench_train import PRECISIONS, graphs_env, make_batch, train_step  # (this folder; it registers the blocks)
 
 
 def step_bench(yaml: str, precision: str, mode: str, bs: int, imgsz: int, steps: int, warmup: int) -> dict:
@@ -48,15 +48,7 @@ def step_bench(yaml: str, precision: str, mode: str, bs: int, imgsz: int, steps:
     for i in range(warmup + steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = model.loss(batch, forward(batch["img"]))[0].sum()
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
+        loss = train_step(lambda: model.loss(batch, forward(batch["img"]))[0].sum(), model, opt, scaler, dtype)
         if i == 0:
             first = time.perf_counter() - t0
         if i >= warmup:

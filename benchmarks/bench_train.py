@@ -88,6 +88,21 @@ def graphs_env(value):
             os.environ["YOLO_BIMAMBA_CUDA_GRAPHS"] = old
 
 
+def train_step(loss_of, model, opt, scaler, dtype) -> torch.Tensor:
+    """One training step as Ultralytics' trainer takes it: ``loss_of()`` under autocast (``dtype`` None: fp32), the
+    scaled backward, unscale, clip at max-norm 10, the optimizer step; returns the loss once the GPU is done."""
+    with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+        loss = loss_of()
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    return loss
+
+
 def model_step_bench(yaml: str, precision: str, backend: str, bs: int, imgsz: int, steps: int, warmup: int) -> dict:
     from ultralytics.cfg import get_cfg
     from ultralytics.nn.tasks import DetectionModel
@@ -114,15 +129,7 @@ def model_step_bench(yaml: str, precision: str, backend: str, bs: int, imgsz: in
     torch.cuda.reset_peak_memory_stats()
     for i in range(warmup + steps):
         t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = model(batch)[0].sum()
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
+        loss = train_step(lambda: model(batch)[0].sum(), model, opt, scaler, dtype)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
         if not torch.isfinite(loss):
