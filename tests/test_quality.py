@@ -141,6 +141,7 @@ def _quality(*args, timeout=900):
     return r.stdout
 
 
+@pytest.mark.slow  # whole benchmark runs (tens of seconds); .ci/run runs the slow tier
 def test_quality_end_to_end_cpu(tmp_path):
     models = ["yolov8n.yaml", "yolov8n-bimamba-p5.yaml"]
     common = ["--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"),
@@ -183,6 +184,7 @@ def test_quality_end_to_end_cpu(tmp_path):
     assert sorted(doc2["calls"][-1]["left_for_later"]) == sorted(f"scratch|{m[:-5]}|digits-tiny|2" for m in models)
 
 
+@pytest.mark.slow  # whole benchmark runs (tens of seconds); .ci/run runs the slow tier
 def test_quality_finetune_cpu(tmp_path):
     """--mode finetune: a stock model trained briefly is the checkpoint; the stock model and the BiMamba2 model are
     fine-tuned from it with the same recipe, and the JSON says how many tensors each took over."""

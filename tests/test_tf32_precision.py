@@ -67,6 +67,7 @@ def test_tf32_rounding_helper():
     assert abs(r[2] - v[2]) <= abs(v[2]) * 2.0 ** -11
 
 
+@pytest.mark.slow  # emulated tensor-core precision, minutes in all; .ci/run runs the slow tier
 def test_backward_precision_policy_meets_the_fp32_bar_under_emulated_tf32():
     inp, dy = _inputs()
     ref = _grads(inp, dy, "torch", torch.float64)
@@ -91,6 +92,7 @@ def test_bf16_rounding_and_split():
 _BF16_POLICY = dict(DOT_ST="bf16x3a", DOT_RD="bf16x3b", DOT_MID="bf16", DOT_IN="bf16", DOT_LO="bf16")
 
 
+@pytest.mark.slow  # emulated tensor-core precision, minutes in all; .ci/run runs the slow tier
 def test_bf16_policy_under_emulated_bf16():
     """The bf16 inputs' policy: every output well inside the bf16 bar (1.5e-2) and dA / d(dt_bias) at fp32
     accuracy; with the state dots in plain bf16 instead of split, dA is about 1000 times less accurate."""
@@ -113,6 +115,7 @@ def test_bf16_policy_under_emulated_bf16():
     assert plain["dA"] > 300 * policy["dA"], (plain, policy)
 
 
+@pytest.mark.slow  # emulated tensor-core precision, minutes in all; .ci/run runs the slow tier
 @pytest.mark.parametrize("bi", range(1, len(BWD_CONFIGS)))
 def test_bf16_policy_every_other_bwd_config(bi):
     """The bf16 policy's dots (split and plain bf16) under every other backward config, with the state kernel's other
@@ -150,6 +153,7 @@ def _fp16_run(inp, dy, policy=None):
     return {"y": y, **{"d" + k: g for k, g in zip(leaves, gs)}}
 
 
+@pytest.mark.slow  # emulated tensor-core precision, minutes in all; .ci/run runs the slow tier
 def test_fp16_inputs_under_emulated_tensor_cores():
     """fp16 inputs (fp16 AMP) run their own policy (tf32x3 state dots, tf32 for the rest): fp16 tensors run in the
     interpreter, so the whole fp16 path is checked here against the fp16 bar of the GPU suite (5e-3), with dA at

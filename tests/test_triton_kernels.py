@@ -862,6 +862,7 @@ def test_ordered_group_rows_rule(monkeypatch):
     assert run() == [(True, False)] * 2
 
 
+@pytest.mark.slow  # autotunes the ordered rows over every config (each config: fast tier); .ci/run runs it
 def test_ordered_group_rows_buffers_and_autotuning(monkeypatch):
     """With the ordered rows no per-head (b, L, h, n) buffer is allocated, and the result equals the per-head
     rows' to fp32 rounding (same configs). Under the autotuners (timed on the CPU) too: each timed config restores
