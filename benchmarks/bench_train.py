@@ -178,17 +178,32 @@ def onnx_only(args, reps: int = 21) -> None:
         so.intra_op_num_threads = threads
         sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         name = sess.get_inputs()[0].name
-        sessions[yaml] = lambda sess=sess, name=name: sess.run(None, {name: x})
+        sessions[("onnx", yaml)] = lambda sess=sess, name=name: sess.run(None, {name: x})
+        if args.openvino:  # the same model as Ultralytics exports it for OpenVINO, fp32 on the CPU, same threads
+            import openvino as ov
+
+            folder = YOLO(yaml).export(format="openvino", imgsz=args.imgsz, device="cpu", project=str(work))
+            compiled = ov.Core().compile_model(str(next(Path(folder).glob("*.xml"))), "CPU", {
+                "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads})
+            sessions[("openvino", yaml)] = lambda c=compiled: c(x)
+            meta["openvino"] = ov.__version__
+    for run in sessions.values():
         for _ in range(3):
-            sessions[yaml]()
-    times = {yaml: [] for yaml in sessions}
+            run()
+    times = {key: [] for key in sessions}
     for _ in range(reps):
-        for yaml, run in sessions.items():
+        for key, run in sessions.items():
             t0 = time.perf_counter()
             run()
-            times[yaml].append(time.perf_counter() - t0)
-    for yaml in sessions:
-        info[yaml]["onnx_cpu_ms_per_image"] = round(statistics.median(times[yaml]) * 1e3, 2)
+            times[key].append(time.perf_counter() - t0)
+    base = args.models[0]
+    for (fmt, yaml), ts in times.items():
+        info[yaml][f"{fmt}_cpu_ms_per_image"] = round(statistics.median(ts) * 1e3, 2)
+    for yaml in args.models:
+        for fmt in ("onnx", "openvino"):
+            if f"{fmt}_cpu_ms_per_image" in info[yaml]:
+                info[yaml][f"{fmt}_ratio_to_{base}"] = round(
+                    info[yaml][f"{fmt}_cpu_ms_per_image"] / info[base][f"{fmt}_cpu_ms_per_image"], 3)
         print(yaml, info[yaml], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -327,6 +342,7 @@ def main():
     ap.add_argument("--onnx-only", action="store_true",
                     help="only params, GFLOPs and ONNX CPU latency (no GPU needed); writes onnx-cpu-<host>.json")
     ap.add_argument("--onnx-threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
+    ap.add_argument("--openvino", action="store_true", help="with --onnx-only: also OpenVINO (fp32) in the same rounds")
     args = ap.parse_args()
     if args.onnx_only:
         return onnx_only(args)
