@@ -66,8 +66,12 @@ VARIABLES = (
 _OFF = ("", "0", "false", "no")
 
 
+def _default(name: str) -> str:
+    return next(v.default for v in VARIABLES if v.name == name)
+
+
 def _get(name: str) -> str:
-    return os.environ.get(name, next(v.default for v in VARIABLES if v.name == name))
+    return os.environ.get(name, _default(name))
 
 
 def _on(name: str) -> bool:  # "" and "0" are off
@@ -95,23 +99,24 @@ def split_directions_off() -> bool:
 
 # ---------------------------------------------------------------- read at each call
 def cuda_graphs() -> bool:
-    return os.environ.get("YOLO_BIMAMBA_CUDA_GRAPHS", "1") != "0"
+    return _get("YOLO_BIMAMBA_CUDA_GRAPHS") != "0"
 
 
 def fused_conv() -> bool:
-    return os.environ.get("YOLO_BIMAMBA_FUSED_CONV", "1") != "0"
+    return _get("YOLO_BIMAMBA_FUSED_CONV") != "0"
 
 
 def fused_norm() -> bool:
-    return os.environ.get("YOLO_BIMAMBA_FUSED_NORM", "1") != "0"
+    return _get("YOLO_BIMAMBA_FUSED_NORM") != "0"
 
 
 def ssm_no_decay() -> bool:
-    return os.environ.get("YOLO_BIMAMBA_SSM_NO_DECAY", "1").strip() != "0"
+    return _get("YOLO_BIMAMBA_SSM_NO_DECAY").strip() != "0"
 
 
 def fashion_mnist_dir() -> str:
-    return os.environ.get("YOLO_BIMAMBA_FASHION_MNIST") or _get("YOLO_BIMAMBA_FASHION_MNIST")
+    """YOLO_BIMAMBA_FASHION_MNIST where set and not empty, else the default (Debian's install folder)."""
+    return os.environ.get("YOLO_BIMAMBA_FASHION_MNIST") or _default("YOLO_BIMAMBA_FASHION_MNIST")
 
 
 def cache_dir() -> str | None:

@@ -41,8 +41,7 @@ WARMUP = 2  # eager runs before a capture: Triton kernels compile and autotune t
 
 def _plain_call(args, kwargs) -> bool:
     """Whether the call asks for the plain prediction only (Ultralytics' predict/val pass these keys as falsy)."""
-    return not args and all(not v for k, v in kwargs.items() if k in ("augment", "visualize", "embed")) \
-        and set(kwargs) <= {"augment", "visualize", "embed"}
+    return not args and set(kwargs) <= {"augment", "visualize", "embed"} and not any(kwargs.values())
 
 
 class _Graph:
