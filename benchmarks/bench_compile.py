@@ -9,7 +9,7 @@ forward, as it would in a trainer that compiles the model. Also counts the compi
 
     python benchmarks/bench_compile.py [--models yolov8n-bimamba.yaml] [--precisions fp32 fp16] [--out DIR]
 
-Prints a markdown table and writes compile-<gpu>.json to --out (default benchmarks/results).
+Prints a markdown table and writes compile-<gpu>.json to --out (default benchmarks/out).
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def main():
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps (the compiled run compiles in the first)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "out"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_compile.py needs a CUDA GPU")
