@@ -184,3 +184,37 @@ def test_fp16_autocast_runs_the_scan_in_bf16(monkeypatch, mixer):
         out[mode] = (y, g)
         assert rel(y.float(), y32) <= 2e-2, (mode, rel(y.float(), y32))
         assert rel(g, g32) <= 3e-2, (mode, rel(g, g32))
+
+
+@pytest.mark.parametrize("mixer", ["bimamba2", "hydra"])
+def test_fp16_autocast_scan_output_beyond_fp16_range_stays_finite(monkeypatch, mixer):
+    """A scan without decay over 300 tokens of large x, B, C: y passes fp16's 65504 (about 1e10 here). Under fp16
+    autocast the mixers keep the bf16 scan's output into the gated norm, so the output and every gradient are finite
+    and within the 16-bit tolerance of fp32 (cast to fp16, y was inf and the norm's output NaN: two fp16 training runs
+    of the quality benchmark stopped on it)."""
+    from yolo_bimamba import config
+    from yolo_bimamba.nn.bimamba2 import BiMamba2
+    from yolo_bimamba.nn.hydra import Hydra
+
+    monkeypatch.setattr(config, "AUTOTUNE", False)
+    torch.manual_seed(0)
+    m = (BiMamba2 if mixer == "bimamba2" else Hydra)(64, d_state=32, headdim=32).cuda().train()
+    with torch.no_grad():  # x = B = C = silu(20) at every token, dt = softplus(3), A = -exp(-12): no decay
+        m.conv1d.weight.zero_()
+        m.conv1d.bias.fill_(20.0)
+        m.dt_bias.fill_(3.0)
+        m.A_log.fill_(-12.0)
+    u = torch.randn(2, 300, 64, device="cuda")
+
+    def run(autocast):
+        m.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=autocast):
+            y = m(u)
+        (y.float() * torch.linspace(-1, 1, y.shape[-1], device="cuda")).sum().backward()
+        return y.float(), torch.cat([p.grad.flatten().float() for p in m.parameters() if p.grad is not None])
+
+    y32, g32 = run(False)
+    y16, g16 = run(True)
+    assert torch.isfinite(y32).all() and torch.isfinite(g32).all()
+    assert torch.isfinite(y16).all() and torch.isfinite(g16).all()
+    assert rel(y16, y32) <= 3e-2, rel(y16, y32)

@@ -132,7 +132,7 @@ def triton_backward(dy: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bia
     dw_part = alloc((b * nlb, K, C), acc, u.device)
     launch(_dwconv_silu_bwd_in, grid, (u, w, gp, du, dw_part, L, C, u.stride(0), u.stride(1)),
            dict(K=K, COMPUTE=comp, BLOCK_L=bl, BLOCK_C=bc, num_warps=nw))
-    dw = dw_part.sum(0).t().reshape(weight.shape).to(weight.dtype)
+    dw = dw_part.sum(0).t().contiguous().view(weight.shape).to(weight.dtype)  # contiguous, as the op's fake says
     dbias = dbias_part.sum(0).to(bias.dtype) if bias is not None else None
     return du, dw, dbias
 
