@@ -7,7 +7,7 @@ import math
 import statistics
 from pathlib import Path
 
-__all__ = ["aggregate", "pareto", "write_report"]
+__all__ = ["aggregate", "paired_deltas", "pareto", "stock_of", "write_report"]
 
 
 def aggregate(doc: dict) -> dict:
@@ -30,6 +30,37 @@ def aggregate(doc: dict) -> dict:
             a[m] = statistics.fmean(v) if v else math.nan
             a[m + "_std"] = statistics.stdev(v) if len(v) > 1 else (0.0 if v else math.nan)
         out[k] = a
+    return out
+
+
+def stock_of(model: str) -> str | None:
+    """The stock model a BiMamba2 / Hydra variant extends: the name before "-bimamba" / "-hydra" ("yolo11n-bimamba"
+    -> "yolo11n", "yolov8n-bimamba-sppf" -> "yolov8n"); None for a stock model."""
+    for tag in ("-bimamba", "-hydra"):
+        if tag in model:
+            return model.split(tag)[0]
+    return None
+
+
+def paired_deltas(doc: dict) -> list[dict]:
+    """Per (dataset, our model): mAP50-95 minus its stock model's, paired by seed (runs of both that succeeded with
+    the same seed and recipe), in points: the per-seed differences, their mean and std. Seed noise common to both
+    (the data order, the augmentation draws) cancels in a paired difference."""
+    runs = [r for r in doc.get("runs", {}).values() if r.get("status") == "ok" and r.get("mode") == "scratch"]
+    by = {(r["key"].split("|")[1], r["dataset"], r["seed"], repr(r.get("recipe"))): r for r in runs}
+    rows = {}
+    for (model, ds, seed, rec), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
+        base = by.get((stock_of(model), ds, seed, rec)) if stock_of(model) else None
+        if base is not None:
+            row = rows.setdefault((ds, model), {"dataset": ds, "model": model, "stock": stock_of(model), "seeds": [],
+                                                "deltas": []})
+            row["seeds"].append(seed)
+            row["deltas"].append(100.0 * (r["mAP50_95"] - base["mAP50_95"]))
+    out = []
+    for row in rows.values():
+        d = row["deltas"]
+        out.append({**row, "mean": statistics.fmean(d), "std": statistics.stdev(d) if len(d) > 1 else math.nan,
+                    "wins": sum(x > 0 for x in d)})
     return out
 
 
@@ -92,6 +123,17 @@ def table(doc: dict) -> str:
                 f"{_f(a['mAP50_95'])} ± {_f(a['mAP50_95_std'])} | {_f(s.get('params', math.nan) / 1e6, '{:.2f}')} | "
                 f"{_f(s.get('gflops'), '{:.2f}')} | {_f(s.get('latency_b1_ms'), '{:.2f}')} | "
                 f"{_f(s.get('latency_b32_ms'), '{:.2f}')} | {_f(s.get('train_step_images_per_s'), '{:.0f}')} |")
+        lines.append("")
+    deltas = paired_deltas(doc)
+    if deltas:
+        lines += ["### against the stock model, paired by seed", "",
+                  "mAP50-95 of each BiMamba2 model minus its stock model's trained with the same seed, in points.", "",
+                  "| dataset | model | stock | seeds | per seed | mean ± std | higher in |",
+                  "|---|---|---|---:|---|---:|---:|"]
+        for d in deltas:
+            per = ", ".join(f"{x:+.1f}" for x in d["deltas"])
+            lines.append(f"| {d['dataset']} | {d['model']} | {d['stock']} | {len(d['seeds'])} | {per} | "
+                         f"{d['mean']:+.1f} ± {_f(d['std'], '{:.1f}')} | {d['wins']} of {len(d['seeds'])} |")
         lines.append("")
     failed = [r for r in doc.get("runs", {}).values() if r.get("status") != "ok"]
     if failed:

@@ -209,3 +209,25 @@ def test_report_pareto_front():
 
     pts = [(1.0, 0.50, "a"), (2.0, 0.60, "b"), (2.5, 0.55, "c"), (3.0, 0.70, "d"), (1.5, 0.40, "e")]
     assert pareto(pts) == ["a", "b", "d"]
+
+
+def test_report_pairs_each_model_with_its_stock_model_by_seed():
+    from quality_report import paired_deltas, stock_of, table
+
+    assert stock_of("yolo11n-bimamba") == "yolo11n" and stock_of("yolov8n-bimamba-sppf") == "yolov8n"
+    assert stock_of("yolov8n-hydra") == "yolov8n" and stock_of("yolo26n") is None
+    rec = {"epochs": 30}
+
+    def run(model, seed, m, status="ok", recipe=rec):
+        return {"key": f"scratch|{model}|digits|{seed}", "mode": "scratch", "dataset": "digits", "seed": seed,
+                "status": status, "mAP50_95": m, "mAP50": m, "recipe": recipe}
+
+    runs = [run("yolov8n", 0, 0.50), run("yolov8n", 1, 0.60), run("yolov8n", 2, 0.40),
+            run("yolov8n-bimamba-sppf", 0, 0.52), run("yolov8n-bimamba-sppf", 1, 0.59),
+            run("yolov8n-bimamba-sppf", 2, 0.0, status="failed"),  # not paired
+            run("yolov8n-bimamba", 0, 0.55, recipe={"epochs": 5})]  # another recipe: not paired
+    doc = {"runs": {r["key"] + str(i): r for i, r in enumerate(runs)}}
+    (d,) = paired_deltas(doc)
+    assert d["model"] == "yolov8n-bimamba-sppf" and d["stock"] == "yolov8n" and d["seeds"] == [0, 1]
+    assert d["deltas"] == pytest.approx([2.0, -1.0]) and d["mean"] == pytest.approx(0.5) and d["wins"] == 1
+    assert "| digits | yolov8n-bimamba-sppf | yolov8n | 2 | +2.0, -1.0 | +0.5 ± 2.1 | 1 of 2 |" in table(doc)
