@@ -173,7 +173,8 @@ def onnx_only(args, reps: int = 21) -> None:
     info, sessions = {}, {}
     for yaml in args.models:
         info[yaml] = model_info(yaml, args.imgsz)
-        path = YOLO(yaml).export(format="onnx", imgsz=args.imgsz, simplify=False, device="cpu", project=str(work))
+        with _in_dir(work):  # a model built from a YAML exports into the working directory
+            path = Path(YOLO(yaml).export(format="onnx", imgsz=args.imgsz, simplify=False, device="cpu")).resolve()
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
@@ -182,7 +183,8 @@ def onnx_only(args, reps: int = 21) -> None:
         if args.openvino:  # the same model as Ultralytics exports it for OpenVINO, fp32 on the CPU, same threads
             import openvino as ov
 
-            folder = YOLO(yaml).export(format="openvino", imgsz=args.imgsz, device="cpu", project=str(work))
+            with _in_dir(work):
+                folder = Path(YOLO(yaml).export(format="openvino", imgsz=args.imgsz, device="cpu")).resolve()
             compiled = ov.Core().compile_model(str(next(Path(folder).glob("*.xml"))), "CPU", {
                 "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads})
             sessions[("openvino", yaml)] = lambda c=compiled: c(x)
@@ -212,13 +214,25 @@ def onnx_only(args, reps: int = 21) -> None:
     print(f"wrote {path}")
 
 
+@contextlib.contextmanager
+def _in_dir(path):
+    """Run the block in ``path`` (contextlib.chdir, which Python 3.10 lacks)."""
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
 def onnx_latency(yaml: str, imgsz: int, workdir: Path, reps: int = 20, threads: int | None = None) -> dict:
     import numpy as np
     import onnxruntime as ort
     from ultralytics import YOLO
 
     m = YOLO(yaml)
-    path = m.export(format="onnx", imgsz=imgsz, simplify=False, device="cpu", project=str(workdir))
+    with _in_dir(workdir):  # a model built from a YAML exports into the working directory
+        path = Path(m.export(format="onnx", imgsz=imgsz, simplify=False, device="cpu")).resolve()
     so = ort.SessionOptions()
     if threads:
         so.intra_op_num_threads = threads
