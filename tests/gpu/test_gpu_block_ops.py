@@ -9,6 +9,7 @@ The activations come in fp32 or bf16 with fp32 weights (what AMP hands over from
 """
 from __future__ import annotations
 
+import functools
 
 import pytest
 import torch
@@ -141,6 +142,15 @@ def test_modules_run_the_fused_ops_on_cuda(monkeypatch):
     assert rel(outs[0], outs[1]) <= 2e-2
 
 
+def _fwd_bwd(m, u, autocast: bool):
+    """A mixer's output (fp16 autocast on or off) and its parameters' gradients of a fixed weighting of it."""
+    m.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.float16, enabled=autocast):
+        y = m(u)
+    (y.float() * torch.linspace(-1, 1, y.shape[-1], device="cuda")).sum().backward()
+    return y, torch.cat([p.grad.flatten().float() for p in m.parameters() if p.grad is not None])
+
+
 @pytest.mark.parametrize("mixer", ["bimamba2", "hydra"])
 def test_fp16_autocast_runs_the_scan_in_bf16(monkeypatch, mixer):
     """Under fp16 autocast on a GPU with bf16 tensor cores the mixers hand the scan bf16 x, B, C (ops.bi_ssd
@@ -163,13 +173,7 @@ def test_fp16_autocast_runs_the_scan_in_bf16(monkeypatch, mixer):
     cls = BiMamba2 if mixer == "bimamba2" else Hydra
     m = cls(64, d_state=32, headdim=32).cuda().train()
     u = torch.randn(4, 300, 64, device="cuda")
-
-    def run(autocast):
-        m.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.float16, enabled=autocast):
-            y = m(u)
-        (y.float() * torch.linspace(-1, 1, y.shape[-1], device="cuda")).sum().backward()
-        return y, torch.cat([p.grad.flatten().float() for p in m.parameters()])
+    run = functools.partial(_fwd_bwd, m, u)
 
     y32, g32 = run(False)
     out = {}
@@ -205,16 +209,9 @@ def test_fp16_autocast_scan_output_beyond_fp16_range_stays_finite(monkeypatch, m
         m.dt_bias.fill_(3.0)
         m.A_log.fill_(-12.0)
     u = torch.randn(2, 300, 64, device="cuda")
-
-    def run(autocast):
-        m.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.float16, enabled=autocast):
-            y = m(u)
-        (y.float() * torch.linspace(-1, 1, y.shape[-1], device="cuda")).sum().backward()
-        return y.float(), torch.cat([p.grad.flatten().float() for p in m.parameters() if p.grad is not None])
-
-    y32, g32 = run(False)
-    y16, g16 = run(True)
+    y32, g32 = _fwd_bwd(m, u, False)
+    y16, g16 = _fwd_bwd(m, u, True)
+    y32, y16 = y32.float(), y16.float()
     assert torch.isfinite(y32).all() and torch.isfinite(g32).all()
     assert torch.isfinite(y16).all() and torch.isfinite(g16).all()
     assert rel(y16, y32) <= 3e-2, rel(y16, y32)
