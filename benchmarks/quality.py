@@ -33,10 +33,11 @@ puts in .whl/), carrying ``.whl`` and ``.quality-data/sources``, from the reposi
 Default grid: the 6 baselines + 7 of ours (yolov8n-bimamba-p5, yolov8n-bimamba, yolo11n-, yolo26n-bimamba,
 yolov8n-bimamba-sppf, study p45 and p5-rowcol) x digits
 (256 px) and fashion (320 px) x seeds 0, 1, 2; 30 epochs, batch 32, fp16 AMP, RAM cache; 6 runs at once with 2
-loader workers each. Expected time (an estimate from earlier 80-epoch digits runs, 3.6-4.9 s an epoch with 5 runs
-sharing an H200): a digits run about 100 s, a fashion run about 140 s, so the 78 runs, 6 at a time, about 26 min:
-four calls of --budget-s 520 (runs are seed-major, so the first call covers seed 0 of every model on both
-datasets), then the speed entries, about 15 s per model.
+loader workers each. Measured time (H100, 42 runs of 7 n models, 8 at a time with 1 loader worker each, the GPU
+suite beside them for the first 275 s): 951 s in all; a digits run 46-225 s, a fashion run 112-359 s (the n models
+with BiMamba2 layers 1.5-2.5x the stock ones: their host time). The 78 runs of the default grid so take about four
+calls of --budget-s 520 (runs are seed-major, so the first call covers seed 0 of every model on both datasets); the
+speed entries then take about 15 s per model (108 s for 7 models).
 """
 
 from __future__ import annotations
