@@ -417,8 +417,9 @@ def _versions() -> dict:
     c = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
-    # a copy without .git (a GPU machine) names its commit in GIT_COMMIT
-    v["commit"] = (c.stdout.strip() or os.environ.get("GIT_COMMIT") or "unknown") + ("+dirty" if dirty else "")
+    # a copy on another machine names its commit in GIT_COMMIT (its .git, if any, may be stale)
+    named = os.environ.get("GIT_COMMIT")
+    v["commit"] = named or (c.stdout.strip() or "unknown") + ("+dirty" if dirty else "")
     return v
 
 
