@@ -1,4 +1,4 @@
-"""Stress inputs of the kernels, shared by the CPU tests (tests/test_triton_kernels.py) and the GPU suite
+"""Stress inputs of the kernels, shared by the CPU tests (tests/test_triton_kernels_behaviour.py) and the GPU suite
 (tests/gpu/test_gpu_kernels.py): how dt (before softplus) and A are drawn. Values are bf16-representable so one
 float64 reference serves fp32 and bf16 runs. Device-free: the callers move the tensors."""
 from __future__ import annotations
