@@ -46,7 +46,6 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -414,13 +413,17 @@ def _versions() -> dict:
         v["triton"] = triton.__version__
     except ImportError:
         pass
+    v["commit"] = os.environ.get("GIT_COMMIT") or _git_commit()
+    return v
+
+
+def _git_commit() -> str:
+    """This tree's commit (+dirty), from git. A copy on another machine names its commit in GIT_COMMIT instead: its
+    .git, if any, may be stale."""
     c = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
-    # a copy on another machine names its commit in GIT_COMMIT (its .git, if any, may be stale)
-    named = os.environ.get("GIT_COMMIT")
-    v["commit"] = named or (c.stdout.strip() or "unknown") + ("+dirty" if dirty else "")
-    return v
+    return (c.stdout.strip() or "unknown") + ("+dirty" if dirty else "")
 
 
 # ------------------------------------------------------------------------------------------------------- CLI

@@ -50,9 +50,10 @@ def paired_deltas(doc: dict) -> list[dict]:
     by = {(r["key"].split("|")[1], r["dataset"], r["seed"], repr(r.get("recipe"))): r for r in runs}
     rows = {}
     for (model, ds, seed, rec), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
-        base = by.get((stock_of(model), ds, seed, rec)) if stock_of(model) else None
+        stock = stock_of(model)
+        base = by.get((stock, ds, seed, rec)) if stock else None
         if base is not None:
-            row = rows.setdefault((ds, model), {"dataset": ds, "model": model, "stock": stock_of(model), "seeds": [],
+            row = rows.setdefault((ds, model), {"dataset": ds, "model": model, "stock": stock, "seeds": [],
                                                 "deltas": []})
             row["seeds"].append(seed)
             row["deltas"].append(100.0 * (r["mAP50_95"] - base["mAP50_95"]))
