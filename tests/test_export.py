@@ -79,21 +79,31 @@ def checkpoint(tmp_path_factory):
     return get
 
 
-def _make_checkpoint(name, tmp):
+def save_fp16_checkpoint(name, path, imgsz, layer_scale=None):
+    """The detector of YAML ``name`` with non-trivial BN statistics (so that BN folding at export is exercised) and,
+    given ``layer_scale``, its layer scales (identity at init) set to it so that the mixers count in the outputs,
+    saved to ``path`` like a best.pt (fp16). Shared with tests/gpu/test_gpu_export.py."""
     from ultralytics import YOLO
 
     det = YOLO(name).model
-    with torch.no_grad():  # layer scales (identity at init) made non-zero, so that the mixers count in the outputs
-        for pname, p in det.named_parameters():
-            if pname.rsplit(".", 1)[-1] in ("gamma", "gamma2"):
-                p.fill_(0.5)
+    if layer_scale is not None:
+        with torch.no_grad():
+            for pname, p in det.named_parameters():
+                if pname.rsplit(".", 1)[-1] in ("gamma", "gamma2"):
+                    p.fill_(layer_scale)
     det.train()
-    with torch.no_grad():  # non-trivial BN statistics, so that BN folding at export is exercised
+    with torch.no_grad():
         for _ in range(2):
-            det(torch.rand(2, 3, IMGSZ, IMGSZ))
+            det(torch.rand(2, 3, imgsz, imgsz))
     det.eval()
-    path = tmp / "best.pt"
-    torch.save({"model": copy.deepcopy(det).half(), "train_args": {"imgsz": IMGSZ}}, path)  # like best.pt (fp16)
+    torch.save({"model": copy.deepcopy(det).half(), "train_args": {"imgsz": imgsz}}, path)
+    return path
+
+
+def _make_checkpoint(name, tmp):
+    from ultralytics import YOLO
+
+    path = save_fp16_checkpoint(name, tmp / "best.pt", IMGSZ, layer_scale=0.5)
     gen = torch.Generator().manual_seed(0)
     xs = {f"b{b}_{s}": torch.rand(b, 3, s, s, generator=gen) for b, s in SHAPES}
     np.savez(tmp / "x_static.npz", **{k: x.numpy() for k, x in xs.items() if k == STATIC})

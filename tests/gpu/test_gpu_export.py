@@ -13,7 +13,6 @@ for scores; a broken block errs by O(1).
 """
 from __future__ import annotations
 
-import copy
 import os
 import subprocess
 import sys
@@ -27,7 +26,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 pytest.importorskip("ultralytics", reason="needs ultralytics: install the .whl wheels first")
 pytest.importorskip("onnxruntime", reason="needs onnx, onnxruntime and onnxslim wheels next to the others")
 
-from test_export import _BLOCKED_RUNNER, REPO  # noqa: E402  (tests/ is on sys.path: its conftest)
+from test_export import _BLOCKED_RUNNER, REPO, save_fp16_checkpoint  # noqa: E402  (tests/ is on sys.path: its conftest)
 
 IMGSZ = 320
 BOX_TOL, SCORE_TOL = 5e-3, 5e-3
@@ -37,14 +36,7 @@ BOX_TOL, SCORE_TOL = 5e-3, 5e-3
 def test_onnx_half_export_runs_without_package(tmp_path, model):
     from ultralytics import YOLO
 
-    det = YOLO(model).model
-    det.train()
-    with torch.no_grad():  # non-trivial BN statistics, so that BN folding at export is exercised
-        for _ in range(2):
-            det(torch.rand(2, 3, IMGSZ, IMGSZ))
-    det.eval()
-    path = tmp_path / "best.pt"
-    torch.save({"model": copy.deepcopy(det).half(), "train_args": {"imgsz": IMGSZ}}, path)  # like best.pt (fp16)
+    path = save_fp16_checkpoint(model, tmp_path / "best.pt", IMGSZ)
     x = torch.rand(1, 3, IMGSZ, IMGSZ, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = YOLO(str(path)).model.float().eval()(x)[0].double().numpy()
