@@ -56,11 +56,16 @@ def cache_root() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "yolo-bimamba"
 
 
-def _params(**overrides) -> dict:
-    unknown = set(overrides) - set(DEFAULTS)
+def merged_params(what: str, defaults: dict, overrides: dict) -> dict:
+    """``defaults`` updated with the ``overrides`` that are not None; an unknown key raises, naming ``what``."""
+    unknown = set(overrides) - set(defaults)
     if unknown:
-        raise ValueError(f"unknown digits dataset parameter(s) {sorted(unknown)}; valid: {sorted(DEFAULTS)}")
-    p = {**DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
+        raise ValueError(f"unknown {what} parameter(s) {sorted(unknown)}; valid: {sorted(defaults)}")
+    return {**defaults, **{k: v for k, v in overrides.items() if v is not None}}
+
+
+def _params(**overrides) -> dict:
+    p = merged_params("digits dataset", DEFAULTS, overrides)
     p["imgsz"], p["n_train"], p["n_val"] = int(p["imgsz"]), int(p["n_train"]), int(p["n_val"])
     p["min_digits"], p["max_digits"], p["seed"] = int(p["min_digits"]), int(p["max_digits"]), int(p["seed"])
     if p["imgsz"] < 32:

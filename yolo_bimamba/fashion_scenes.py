@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from . import config
-from .data import _key, build_cached, cache_root, data_yaml_text, write_labels
+from .data import _key, build_cached, cache_root, data_yaml_text, merged_params, write_labels
 
 __all__ = ["DEFAULTS", "NAMES", "build_fashion_dataset", "load_fashion_mnist", "source_dir", "write_sources"]
 
@@ -122,10 +122,7 @@ def write_sources(base: str | Path, **params) -> Path:
 
 
 def _params(**overrides) -> dict:
-    unknown = set(overrides) - set(DEFAULTS)
-    if unknown:
-        raise ValueError(f"unknown fashion dataset parameter(s) {sorted(unknown)}; valid: {sorted(DEFAULTS)}")
-    p = {**DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
+    p = merged_params("fashion dataset", DEFAULTS, overrides)
     for k in _INT_KEYS:
         p[k] = int(p[k])
     for k in ("min_size", "max_size", "max_occlusion", "noise"):
