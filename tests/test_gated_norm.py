@@ -73,6 +73,18 @@ def test_zero_rows_and_large_gates_stay_finite():
     assert torch.isfinite(y).all() and all(torch.isfinite(g).all() for g in grads)
 
 
+def test_output_in_the_gates_dtype():
+    """x (the scan's output) may be in a wider dtype than z (bf16 against fp16 in the mixers under fp16): the output
+    and dz are in z's dtype, dx and dweight in theirs, each within fp32 rounding of the float64 expression."""
+    x, z, w = inputs(2, 13, 40, torch.float64)
+    z32 = z.detach().float().requires_grad_()
+    dy = torch.randn(x.shape, dtype=torch.float32, device=DEV)
+    got = poisoned_run(lambda *t: gated_rmsnorm(*t, 1e-5, backend="triton"), (x, z32, w), dy, force_config, 1)
+    check_against_float64(got, lambda *t: gated_rmsnorm_reference(*t, 1e-5), (x, z32, w), dy, ("y", "x", "z", "weight"),
+                          1e-6, [torch.float32, torch.float64, torch.float32, torch.float64])
+    assert gated_rmsnorm(x, z32, w, backend="torch").dtype == torch.float32
+
+
 def test_bad_input_names_the_argument(monkeypatch):
     x = torch.randn(2, 3, 4)
     with pytest.raises(ValueError, match=r"z must have the shape of x \(2, 3, 4\)"):

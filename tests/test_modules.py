@@ -224,6 +224,37 @@ def test_fp16_scans_keep_their_dtype_off_cuda_and_for_the_pytorch_op():
     assert m(torch.randn(1, 9, 32, dtype=torch.float16)).dtype == torch.float16
 
 
+@pytest.mark.parametrize("mixer", ["bimamba2", "hydra"])
+def test_mixers_return_their_dtype_when_the_scan_runs_in_another(monkeypatch, mixer):
+    """Under fp16 (AMP or a half model, as Ultralytics validates and predicts) the Triton scan runs and returns bf16
+    (ops.bi_ssd.api.mixer_bi_ssd); the gated norm then writes the model's dtype (z's), so a half model's out-projection
+    gets fp16. Here the same path under the Triton interpreter, with the scan moved from fp32 to fp64: the mixer's
+    output is fp32 and equals the fp64 module's (before, the norm returned the scan's dtype and the fp32
+    out-projection refused it)."""
+    import importlib
+
+    from yolo_bimamba.nn.hydra import Hydra
+    from yolo_bimamba.ops.bi_ssd import tuning
+
+    if not tuning._INTERPRET:
+        pytest.skip("needs the Triton interpreter (CPU) for backend='triton'")
+    api = importlib.import_module("yolo_bimamba.ops.bi_ssd.api")
+    seen = []
+    monkeypatch.setattr(api, "_scan_dtype", lambda x, triton: seen.append(x.dtype) or torch.float64)
+    torch.manual_seed(0)
+    m = (BiMamba2 if mixer == "bimamba2" else Hydra)(32, d_state=16, headdim=16, chunk_size=8)
+    m.backend = "triton"
+    for mod in m.modules():
+        if hasattr(mod, "backend"):
+            mod.backend = "triton"
+    u = torch.randn(2, 19, 32)
+    y = m(u)
+    assert seen == [torch.float32] and y.dtype == torch.float32
+    monkeypatch.undo()
+    want = m.double()(u.double())
+    assert (y.double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
 @pytest.mark.parametrize("kw", [
     dict(d_model=32, d_state=32, headdim=32, chunk_size=64),
     dict(d_model=48, d_state=16, headdim=16, ngroups=2, bias=True, chunk_size=16),

@@ -215,3 +215,25 @@ def test_fp16_autocast_scan_output_beyond_fp16_range_stays_finite(monkeypatch, m
     assert torch.isfinite(y32).all() and torch.isfinite(g32).all()
     assert torch.isfinite(y16).all() and torch.isfinite(g16).all()
     assert rel(y16, y32) <= 3e-2, rel(y16, y32)
+
+
+@pytest.mark.parametrize("mixer", ["bimamba2", "hydra"])
+def test_half_mixers_run_the_scan_in_bf16_and_return_fp16(monkeypatch, mixer):
+    """A half model (no autocast: Ultralytics validates and predicts with model.half()): the scan runs in bf16, the
+    gated norm writes fp16 for the fp16 out-projection, and output and gradients are within 16-bit tolerance of the
+    fp32 module's (the norm once returned the scan's bf16, which the fp16 out-projection refused)."""
+    import copy
+
+    from yolo_bimamba import config
+    from yolo_bimamba.nn.bimamba2 import BiMamba2
+    from yolo_bimamba.nn.hydra import Hydra
+
+    monkeypatch.setattr(config, "AUTOTUNE", False)
+    torch.manual_seed(0)
+    m = (BiMamba2 if mixer == "bimamba2" else Hydra)(64, d_state=32, headdim=32).cuda()
+    u = torch.randn(2, 300, 64, device="cuda")
+    y32, g32 = _fwd_bwd(m, u, False)
+    y16, g16 = _fwd_bwd(copy.deepcopy(m).half(), u.half(), False)
+    assert y16.dtype == torch.float16 and torch.isfinite(y16).all() and torch.isfinite(g16).all()
+    assert rel(y16.float(), y32) <= 2e-2, rel(y16.float(), y32)
+    assert rel(g16, g32) <= 5e-2, rel(g16, g32)

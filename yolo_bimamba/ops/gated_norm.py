@@ -1,4 +1,5 @@
-"""Gated RMSNorm, norm after the gate (Mamba2 / Hydra): ``rmsnorm(x * silu(z)) * weight`` over the last dim, in fp32.
+"""Gated RMSNorm, norm after the gate (Mamba2 / Hydra): ``rmsnorm(x * silu(z)) * weight`` over the last dim, in fp32,
+written in the gate's (z's) dtype.
 
 ``gated_rmsnorm(x, z, weight, eps)`` equals :func:`gated_rmsnorm_reference` (the PyTorch expression of
 ``nn.RMSNormGated``). On CUDA it runs one Triton kernel forward and one backward (ops.gated_norm_kernels) instead of
@@ -24,7 +25,7 @@ force_config = ForcedConfig()  # tests: ``with force_config(i):`` every launch u
 def gated_rmsnorm_reference(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     ct = accumulation_dtype(x.dtype)  # fp32 at least, as the kernels
     g = x.to(ct) * F.silu(z.to(ct))
-    return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps) * weight.to(ct)).to(x.dtype)
+    return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps) * weight.to(ct)).to(z.dtype)
 
 
 def validate_gated_rmsnorm(x, z, weight) -> None:
@@ -48,8 +49,12 @@ def _triton_ok() -> bool:
 
 def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, *,
                   backend: str = "auto") -> torch.Tensor:
-    """rmsnorm(x * silu(z)) * weight in fp32, returned in x's dtype. backend: "auto" (Triton on CUDA), "torch",
-    "triton"."""
+    """rmsnorm(x * silu(z)) * weight in fp32, returned in z's dtype. backend: "auto" (Triton on CUDA), "torch",
+    "triton".
+
+    z's dtype, not x's: in the mixers z is the in-projection's output (the model's activation dtype) and x the scan's
+    output, which under fp16 (AMP or a half model) is bf16 (ops.bi_ssd.api.mixer_bi_ssd says why); the norm's output
+    (|out| <= sqrt(d) |weight|) fits fp16 and goes on into the fp16 out-projection."""
     validate_gated_rmsnorm(x, z, weight)
     triton = runs_triton("gated_rmsnorm", backend, x, _triton_ok)
     if compiling():  # torch.compile / torch.export: the custom op (ops.library), running the backend chosen here
@@ -77,7 +82,7 @@ def _rows_view(t: torch.Tensor, D: int):
 
 
 def triton_forward(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float):
-    """The forward kernel: (out shaped like x in x's dtype, rstd per row in fp32 / fp64), what the backward reads."""
+    """The forward kernel: (out shaped like x in z's dtype, rstd per row in fp32 / fp64), what the backward reads."""
     from .gated_norm_kernels import _gated_rmsnorm_fwd
 
     D = x.shape[-1]
@@ -86,7 +91,7 @@ def triton_forward(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     R = x2.shape[0]
     br, bd, nw = _launch_shape(D)
     comp = compute_dtype(x.dtype)
-    out = alloc((R, D), x.dtype, x.device)
+    out = alloc((R, D), z.dtype, x.device)
     rstd = alloc((R,), accumulation_dtype(x.dtype), x.device)
     launch(_gated_rmsnorm_fwd, (-(-R // br),), (x2, z2, weight, out, rstd, R, D, z2.stride(0), eps),
            dict(COMPUTE=comp, BLOCK_R=br, BLOCK_D=bd, num_warps=nw))

@@ -108,7 +108,7 @@ def gated_rmsnorm_op(x: Tensor, z: Tensor, weight: Tensor, eps: float, backend: 
 @gated_rmsnorm_op.register_fake
 def _(x, z, weight, eps, backend):
     rows = x.numel() // x.shape[-1] if backend == "triton" else 0
-    return _empty(x), _empty(x, (rows,), accumulation_dtype(x.dtype) if backend == "triton" else x.dtype)
+    return _empty(x, dtype=z.dtype), _empty(x, (rows,), accumulation_dtype(x.dtype) if backend == "triton" else x.dtype)
 
 
 @torch.library.custom_op("yolo_bimamba::gated_rmsnorm_backward", mutates_args=())
