@@ -528,7 +528,8 @@ def main(argv=None):
         doc["calls"] = old.get("calls", []) + doc.get("calls", [])
     runs_dir.mkdir(parents=True, exist_ok=True)
     ds_needed = set(g["datasets"]) | ({g["pretrain_data"]} if g["mode"] == "finetune" else set())
-    print(f"quality: datasets {json.dumps(prepare(data_dir, sorted(ds_needed)))}", flush=True)
+    if not args.speed_only:  # (the speed entries need no dataset)
+        print(f"quality: datasets {json.dumps(prepare(data_dir, sorted(ds_needed)))}", flush=True)
     call = {"grid": g, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)), **_versions()}
     skipped = [] if args.speed_only else run_grid(g, out, data_dir, runs_dir, doc, deadline, args.rerun,
                                                            args.retry_failed)
