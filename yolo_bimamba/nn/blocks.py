@@ -89,6 +89,8 @@ class BiMambaLayer2D(nn.Module):
             raise ValueError(f"{type(self).__name__}: input must have shape (N, {self.dim}, H, W), got {tuple(x.shape)}")
         if cuda_graph.may_replay(self, x):  # CUDA training: graph replays (cuda_graph.run; eager where unsafe)
             return cuda_graph.run(self, self._forward, x)
+        if cuda_graph.may_replay_eval(self, x):  # CUDA inference of small inputs: a forward graph's replay
+            return cuda_graph.run_eval(self, self._forward, x)
         return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
