@@ -207,6 +207,17 @@ class _Replay(torch.autograd.Function):
         return (None, dx, *grads)
 
 
+def _capture_failed(layer: nn.Module, x: torch.Tensor, e: Exception, where: str) -> None:
+    """After a failed capture (the caller marks the layer eager): reset the device's random generator, say so."""
+    try:
+        torch.cuda.synchronize(x.device)
+        end_stuck_capture(x.device)
+    except Exception as e2:  # noqa: BLE001
+        _LOG.warning(f"yolo_bimamba: could not reset the CUDA random generator after that ({e2})")
+    _LOG.warning(f"yolo_bimamba: CUDA-graph capture of {type(layer).__name__}{where} failed ({type(e).__name__}: {e});"
+                 f" this layer runs eagerly{where}")
+
+
 def run(layer: nn.Module, forward, x: torch.Tensor) -> torch.Tensor:
     """``forward(x)`` of ``layer``, as a graph replay where that is safe (module docstring), else eagerly."""
     params = tuple(layer.parameters())
@@ -227,13 +238,7 @@ def run(layer: nn.Module, forward, x: torch.Tensor) -> torch.Tensor:
             g = _Graphs(layer, forward, x, params)
         except Exception as e:  # noqa: BLE001 - any capture failure leaves this layer eager, it must not stop training
             _graphs[layer] = None
-            try:
-                torch.cuda.synchronize(x.device)
-                end_stuck_capture(x.device)
-            except Exception as e2:  # noqa: BLE001
-                _LOG.warning(f"yolo_bimamba: could not reset the CUDA random generator after that ({e2})")
-            _LOG.warning(f"yolo_bimamba: CUDA-graph capture of {type(layer).__name__} failed ({type(e).__name__}: {e});"
-                         " this layer runs eagerly")
+            _capture_failed(layer, x, e, "")
             return forward(x)
         table[key] = g
         _graphs[layer] = table
@@ -294,13 +299,7 @@ def run_eval(layer: nn.Module, forward, x: torch.Tensor) -> torch.Tensor:
             g = _EvalGraph(forward, x)
         except Exception as e:  # noqa: BLE001 - a capture failure leaves this layer eager, it must not stop inference
             _eval_graphs[layer] = None
-            try:
-                torch.cuda.synchronize(x.device)
-                end_stuck_capture(x.device)
-            except Exception as e2:  # noqa: BLE001
-                _LOG.warning(f"yolo_bimamba: could not reset the CUDA random generator after that ({e2})")
-            _LOG.warning(f"yolo_bimamba: CUDA-graph capture of {type(layer).__name__} in inference failed "
-                         f"({type(e).__name__}: {e}); this layer runs eagerly in inference")
+            _capture_failed(layer, x, e, " in inference")
             return forward(x)
         table[key] = g
         while len(table) > MAX_SHAPES:
