@@ -138,6 +138,12 @@ def end_stuck_capture(dev) -> None:
         a.add_(1.0)
 
 
+def _caller_autocast() -> dict:
+    """The caller's CUDA autocast state, for the warm-up and capture (casts inside the graph, not cached)."""
+    return dict(device_type="cuda", enabled=torch.is_autocast_enabled("cuda"), dtype=torch.get_autocast_dtype("cuda"),
+                cache_enabled=False)
+
+
 class _Token:  # lives as long as the autograd node of one replay
     pass
 
@@ -153,8 +159,7 @@ class _Graphs:
         self.stand_ins = [nn.Parameter(p.detach(), requires_grad=True) for p in params]
         inputs = ([self.x] if x.requires_grad else []) + self.stand_ins
         self.x_has_grad = x.requires_grad
-        amp = dict(device_type="cuda", enabled=torch.is_autocast_enabled("cuda"),
-                   dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)  # casts inside the graph, not cached
+        amp = _caller_autocast()
         side = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with _standing_in(layer, params, self.stand_ins):
@@ -261,8 +266,7 @@ class _EvalGraph:
     def __init__(self, forward, x):
         dev = x.device
         self.x = x.clone()
-        amp = dict(device_type="cuda", enabled=torch.is_autocast_enabled("cuda"),
-                   dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)
+        amp = _caller_autocast()
         side = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side), torch.autocast(**amp):
