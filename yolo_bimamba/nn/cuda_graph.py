@@ -59,6 +59,7 @@ CAPTURE_MODE = "thread_local"
 _LOG = logging.getLogger("yolo_bimamba")
 _graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> {key: _Graphs}, or None (stay eager)
 _eval_graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> OrderedDict{key: _EvalGraph} or None
+_NO_TABLE = object()  # (a layer without graphs yet)
 
 
 def enabled() -> bool:
@@ -223,6 +224,14 @@ def _capture_failed(layer: nn.Module, x: torch.Tensor, e: Exception, where: str)
                  f" this layer runs eagerly{where}")
 
 
+def _replay_key(x: torch.Tensor, params, mode) -> tuple:
+    """What a captured graph is valid for: the input's shape, strides, dtype and device, ``mode`` (the path's own
+    state), the caller's autocast state, and each parameter's address, dtype and shape (the graphs read the parameters
+    in place: a parameter moved or replaced by to(), half() or a new tensor gives another key, and a new capture)."""
+    return (tuple(x.shape), x.stride(), x.dtype, x.device, mode, torch.is_autocast_enabled("cuda"),
+            torch.get_autocast_dtype("cuda"), tuple((p.data_ptr(), p.dtype, p.shape) for p in params))
+
+
 def run(layer: nn.Module, forward, x: torch.Tensor) -> torch.Tensor:
     """``forward(x)`` of ``layer``, as a graph replay where that is safe (module docstring), else eagerly."""
     params = tuple(layer.parameters())
@@ -231,10 +240,7 @@ def run(layer: nn.Module, forward, x: torch.Tensor) -> torch.Tensor:
     table = _graphs.get(layer, {})
     if table is None:
         return forward(x)
-    # the graphs read each parameter at its address, in its dtype and shape: a parameter moved or replaced (to(),
-    # half(), a new tensor) gives another key, and a new capture
-    key = (tuple(x.shape), x.stride(), x.dtype, x.device, x.requires_grad, torch.is_autocast_enabled("cuda"),
-           torch.get_autocast_dtype("cuda"), tuple((p.data_ptr(), p.dtype, p.shape) for p in params))
+    key = _replay_key(x, params, x.requires_grad)
     g = table.get(key)
     if g is None:
         if len(table) >= MAX_SHAPES:
@@ -289,14 +295,13 @@ def run_eval(layer: nn.Module, forward, x: torch.Tensor) -> torch.Tensor:
     eagerly. The caller has checked :func:`may_replay_eval`."""
     if graph_tracing() or torch.cuda.is_current_stream_capturing() or hooked(layer):
         return forward(x)
-    table = _eval_graphs.get(layer, OrderedDict())
+    table = _eval_graphs.get(layer, _NO_TABLE)
     if table is None:
         return forward(x)
-    # the graph reads each parameter at its address, in its dtype and shape (a parameter moved or replaced gives
-    # another key); inference-mode tensors are kept apart from others (an inference tensor takes no copy outside it)
-    key = (tuple(x.shape), x.stride(), x.dtype, x.device, torch.is_inference_mode_enabled(),
-           torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
-           tuple((p.data_ptr(), p.dtype, p.shape) for p in layer.parameters()))
+    if table is _NO_TABLE:
+        table = OrderedDict()
+    # inference-mode tensors are kept apart from others (an inference tensor takes no copy outside inference mode)
+    key = _replay_key(x, tuple(layer.parameters()), torch.is_inference_mode_enabled())
     g = table.get(key)
     if g is None:
         try:
