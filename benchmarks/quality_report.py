@@ -35,10 +35,11 @@ def aggregate(doc: dict) -> dict:
 
 def stock_of(model: str) -> str | None:
     """The stock model a BiMamba2 / Hydra variant extends: the name before "-bimamba" / "-hydra" ("yolo11n-bimamba"
-    -> "yolo11n", "yolov8n-bimamba-sppf" -> "yolov8n"); None for a stock model."""
+    -> "yolo11n", "yolov8n-bimamba-sppf" -> "yolov8n", "study/yolov8n-bimamba-p45" -> "yolov8n"); None for a stock
+    model."""
     for tag in ("-bimamba", "-hydra"):
         if tag in model:
-            return model.split(tag)[0]
+            return model.rsplit("/", 1)[-1].split(tag)[0]
     return None
 
 

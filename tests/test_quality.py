@@ -20,6 +20,7 @@ import torch
 import yolo_bimamba  # noqa: F401
 from yolo_bimamba.flops import mixer_macs, model_gflops, ssd_macs
 from yolo_bimamba.nn.bimamba2 import BiMamba2
+from yolo_bimamba.nn.blocks import BiMambaLayer2D
 from yolo_bimamba.nn.hydra import Hydra
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,10 +101,28 @@ def test_study_yaml_builds_and_runs(path):
     assert text.startswith("# Design study - "), "each study YAML says what it tests in its header"
     name = "study/" + path.name.replace("yolov8-", "yolov8n-")
     m = DetectionModel(model_path(name), nc=10, verbose=False).eval()
-    assert any(type(layer).__name__ == "C2fBiMamba" for layer in m.model)
+    assert any(isinstance(mod, BiMambaLayer2D) for mod in m.modules())
     with torch.no_grad():
         y = m(torch.rand(1, 3, 64, 64))[0]
     assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("path", [p for p in STUDY if "-sppf-" in p.name], ids=lambda p: p.stem)
+def test_sppf_variants_keep_yolov8n_and_start_as_it(path):
+    """The variants of bimamba.yaml's design keep yolov8n's layers (names, shapes) and start as yolov8n."""
+    from quality import model_path
+    from ultralytics.nn.tasks import DetectionModel
+
+    torch.manual_seed(0)
+    ref = DetectionModel("yolov8n.yaml", nc=10, verbose=False).eval()
+    m = DetectionModel(model_path("study/" + path.name.replace("yolov8-", "yolov8n-")), nc=10, verbose=False).eval()
+    sd, sd_ref = m.state_dict(), ref.state_dict()
+    assert {k: v.shape for k, v in sd.items() if k in sd_ref} == {k: v.shape for k, v in sd_ref.items()}
+    assert all(".mix." in k for k in set(sd) - set(sd_ref))
+    m.load_state_dict(sd_ref, strict=False)
+    x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(m(x)[0], ref(x)[0])
 
 
 def test_default_grid_names_existing_models():
@@ -215,6 +234,7 @@ def test_report_pairs_each_model_with_its_stock_model_by_seed():
     from quality_report import paired_deltas, stock_of, table
 
     assert stock_of("yolo11n-bimamba") == "yolo11n" and stock_of("yolov8n-bimamba-sppf") == "yolov8n"
+    assert stock_of("study/yolov8n-bimamba-p45") == "yolov8n" and stock_of("yolov8n") is None
     assert stock_of("yolov8n-hydra") == "yolov8n" and stock_of("yolo26n") is None
     rec = {"epochs": 30}
 
