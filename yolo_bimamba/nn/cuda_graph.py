@@ -29,7 +29,9 @@ have not yet run): with gradients off and the layer in eval mode, a small input 
 the replay and an output copy instead of about 18 launches and their Python (0.9 ms of host time per layer at batch 1
 on an H100, against 0.07 ms of GPU time). Larger inputs are bound by GPU time and run eagerly, so that the graphs'
 memory stays small. The same exclusions hold (hooks, traced or compiled graphs, another capture, replay off), and a
-layer keeps at most ``MAX_SHAPES`` graphs, the least recently used dropped first.
+layer keeps at most ``MAX_SHAPES`` graphs, the least recently used dropped first. An input key is captured the second
+time it comes (the first call runs eagerly), so inputs whose shape changes on every call (``yolo val`` with
+rectangular batches, a folder of images of many aspect ratios) run eagerly and pay for no capture.
 """
 from __future__ import annotations
 
@@ -45,10 +47,12 @@ from .. import config
 from ..ops.backend_choice import compiling, graph_tracing
 
 __all__ = ["run", "may_replay", "run_eval", "may_replay_eval", "enabled", "graphed_shapes", "eval_graphed_shapes",
-           "summary", "capture", "end_stuck_capture", "hooked", "MAX_SHAPES", "EVAL_MAX_NUMEL"]
+           "summary", "capture", "end_stuck_capture", "hooked", "MAX_SHAPES", "EVAL_MAX_NUMEL",
+           "EVAL_MAX_SEEN"]
 
 MAX_SHAPES = 4  # input shapes per layer kept as graphs (training uses one or two: full batches and the last one)
 EVAL_MAX_NUMEL = 1 << 20  # inference replays inputs of at most this many elements (run_eval)
+EVAL_MAX_SEEN = 16  # inference keys seen once that a layer remembers (the least recent forgotten first)
 WARMUP = 2  # eager fwd+bwd runs before a capture: the Triton kernels compile and autotune there, not in the capture
 # Only the capturing thread's unsafe CUDA calls are refused while a layer is captured. Under torch's default ("global")
 # every thread's are: a DataLoader's pin-memory thread that allocates pinned host memory during a capture then dies
@@ -58,8 +62,9 @@ CAPTURE_MODE = "thread_local"
 
 _LOG = logging.getLogger("yolo_bimamba")
 _graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> {key: _Graphs}, or None (stay eager)
-_eval_graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> OrderedDict{key: _EvalGraph} or None
+_eval_graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> OrderedDict{key: _EvalGraph | _SEEN} or None
 _NO_TABLE = object()  # (a layer without graphs yet)
+_SEEN = object()  # (an inference key seen once: captured when it comes again)
 
 
 def enabled() -> bool:
@@ -300,10 +305,15 @@ def run_eval(layer: nn.Module, forward, x: torch.Tensor) -> torch.Tensor:
         return forward(x)
     if table is _NO_TABLE:
         table = OrderedDict()
+        _eval_graphs[layer] = table
     # inference-mode tensors are kept apart from others (an inference tensor takes no copy outside inference mode)
     key = _replay_key(x, tuple(layer.parameters()), torch.is_inference_mode_enabled())
     g = table.get(key)
-    if g is None:
+    if g is None:  # a key seen once runs eagerly: inputs whose shape keeps changing never pay for a capture
+        table[key] = _SEEN
+        _trim(table)
+        return forward(x)
+    if g is _SEEN:
         try:
             g = _EvalGraph(forward, x)
         except Exception as e:  # noqa: BLE001 - a capture failure leaves this layer eager, it must not stop inference
@@ -311,14 +321,21 @@ def run_eval(layer: nn.Module, forward, x: torch.Tensor) -> torch.Tensor:
             _capture_failed(layer, x, e, " in inference")
             return forward(x)
         table[key] = g
-        while len(table) > MAX_SHAPES:
-            table.popitem(last=False)
-        _eval_graphs[layer] = table
+        table.move_to_end(key)
+        _trim(table)
     else:
         table.move_to_end(key)
     return g(x)
 
 
+def _trim(table: OrderedDict):
+    """Drop the least recently used graphs beyond MAX_SHAPES and keys seen once beyond EVAL_MAX_SEEN."""
+    graphs = [k for k, v in table.items() if v is not _SEEN]
+    seen = [k for k, v in table.items() if v is _SEEN]
+    for k in graphs[:max(0, len(graphs) - MAX_SHAPES)] + seen[:max(0, len(seen) - EVAL_MAX_SEEN)]:
+        del table[k]
+
+
 def eval_graphed_shapes(layer: nn.Module) -> list:
     """Input shapes the layer has inference graphs for (tests)."""
-    return [k[0] for k in (_eval_graphs.get(layer) or {})]
+    return [k[0] for k, v in (_eval_graphs.get(layer) or {}).items() if v is not _SEEN]
