@@ -269,6 +269,7 @@ def _device_name(dev) -> str:
 # -------------------------------------------------------------------------------------------------- scheduler
 def _launch(spec: dict, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, str(Path(__file__).resolve()), "_worker", json.dumps(spec)]
+    log.parent.mkdir(parents=True, exist_ok=True)
     f = log.open("w")
     p = subprocess.Popen(cmd, cwd=spec["runs_dir"], env=_env(Path(spec["data_dir"])), stdout=f,
                          stderr=subprocess.STDOUT, start_new_session=True)
@@ -328,7 +329,6 @@ def run_grid(g: dict, out: Path, data_dir: Path, runs_dir: Path, doc: dict, dead
     print(f"quality: {len(todo)} run(s) to do, {g['parallel']} at a time", flush=True)
     running, skipped = [], []
     logs = runs_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
     while todo or running:
         for p in list(running):
             if p.poll() is not None:

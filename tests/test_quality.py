@@ -251,3 +251,16 @@ def test_report_pairs_each_model_with_its_stock_model_by_seed():
     assert d["model"] == "yolov8n-bimamba-sppf" and d["stock"] == "yolov8n" and d["seeds"] == [0, 1]
     assert d["deltas"] == pytest.approx([2.0, -1.0]) and d["mean"] == pytest.approx(0.5) and d["wins"] == 1
     assert "| digits | yolov8n-bimamba-sppf | yolov8n | 2 | +2.0, -1.0 | +0.5 ± 2.1 | 1 of 2 |" in table(doc)
+
+
+def test_speed_only_in_a_new_runs_dir(tmp_path):
+    """--speed-only builds no dataset and makes its own log folder (it once failed in a runs dir not made yet)."""
+    import quality
+
+    out, runs = tmp_path / "out", tmp_path / "new" / "runs"
+    quality.main(["run", "--speed-only", "--out", str(out), "--runs-dir", str(runs), "--data-dir",
+                  str(tmp_path / "no-data"), "--device", "cpu", "--models", "yolov8n.yaml", "--datasets", "digits"])
+    speed = json.loads((out / "quality.json").read_text())["speed"]
+    (entry,) = speed.values()
+    assert entry["status"] == "ok" and entry["model"] == "yolov8n" and entry["latency_b1_ms"] > 0
+    assert (runs / "logs" / "speed_yolov8n.log").is_file() and not (tmp_path / "no-data").exists()
