@@ -55,3 +55,15 @@ def test_variables_are_parsed_at_import_and_at_call(monkeypatch):
     assert not defaults.fused_conv() and defaults.fused_norm()
     with pytest.raises(ValueError, match="YOLO_BIMAMBA_FP16_SCAN must be 'bf16' or 'fp16', got 'fp8'"):
         _load_config({"YOLO_BIMAMBA_FP16_SCAN": "fp8"})
+
+
+def test_inference_replay_is_on_by_default_and_each_switch_turns_it_off(monkeypatch):
+    for name in ("YOLO_BIMAMBA_EVAL_GRAPHS", "YOLO_BIMAMBA_CUDA_GRAPHS"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = _load_config({})
+    assert cfg.eval_graphs() and cfg.cuda_graphs()
+    monkeypatch.setenv("YOLO_BIMAMBA_EVAL_GRAPHS", "0")
+    assert not cfg.eval_graphs() and cfg.cuda_graphs()
+    monkeypatch.setenv("YOLO_BIMAMBA_EVAL_GRAPHS", "1")
+    monkeypatch.setenv("YOLO_BIMAMBA_CUDA_GRAPHS", "0")
+    assert not cfg.eval_graphs() and not cfg.cuda_graphs()

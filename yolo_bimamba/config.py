@@ -47,9 +47,9 @@ VARIABLES = (
              "1: every kernel output and gradient buffer starts NaN-filled inside NaN guard regions (a test hook)"),
     Variable("YOLO_BIMAMBA_CUDA_GRAPHS", "1", "each call",
              "0: no CUDA-graph replay of the layers in CUDA training (nor in inference)"),
-    Variable("YOLO_BIMAMBA_EVAL_GRAPHS", "0", "each call",
-             "1: in CUDA inference each layer replays its captured forward graph for inputs of at most 2^20 elements "
-             "(opt-in: not yet run on a GPU)"),
+    Variable("YOLO_BIMAMBA_EVAL_GRAPHS", "1", "each call",
+             "0: no replay of the layers' captured forward graphs in CUDA inference (by default each layer replays "
+             "one for inputs of at most 2^20 elements)"),
     Variable("YOLO_BIMAMBA_FUSED_CONV", "1", "each call",
              "0: the blocks' depthwise conv1d + SiLU as PyTorch ops instead of Triton kernels on CUDA"),
     Variable("YOLO_BIMAMBA_FUSED_NORM", "1", "each call",
@@ -106,7 +106,7 @@ def cuda_graphs() -> bool:
 
 
 def eval_graphs() -> bool:
-    return _get("YOLO_BIMAMBA_EVAL_GRAPHS") == "1" and cuda_graphs()
+    return _get("YOLO_BIMAMBA_EVAL_GRAPHS") != "0" and cuda_graphs()
 
 
 def fused_conv() -> bool:

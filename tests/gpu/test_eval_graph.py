@@ -3,7 +3,7 @@
     python -m pytest -m gpu tests/gpu/test_eval_graph.py -v    # needs CUDA, torch, triton and ultralytics
 
 In eval mode with gradients off, a layer's small input replays a captured forward graph (YOLO_BIMAMBA_EVAL_GRAPHS=1,
-set for every test here). Each test compares with the eager layer (YOLO_BIMAMBA_CUDA_GRAPHS=0) on the same weights
+the default, set for every test here). Each test compares with the eager layer (YOLO_BIMAMBA_CUDA_GRAPHS=0) on the same weights
 and inputs, and checks when a graph is (not) made: a key is captured the second time it comes.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ TOL = {torch.float32: 1e-6, torch.float16: 2e-3}
 
 @pytest.fixture(autouse=True)
 def _eval_graphs_on(monkeypatch):
-    monkeypatch.setenv("YOLO_BIMAMBA_EVAL_GRAPHS", "1")  # (opt-in)
+    monkeypatch.setenv("YOLO_BIMAMBA_EVAL_GRAPHS", "1")  # (the default; set in case the environment turned it off)
 
 
 def rel(a, b):

@@ -23,8 +23,8 @@ The eager layer is used instead whenever a replay could differ from it or could 
   eager, with one warning).
 ``YOLO_BIMAMBA_CUDA_GRAPHS=0`` turns replay off everywhere.
 
-Inference (:func:`run_eval`, opt-in with ``YOLO_BIMAMBA_EVAL_GRAPHS=1``; its GPU tests, tests/gpu/test_eval_graph.py,
-have not yet run): with gradients off and the layer in eval mode, a small input (at most
+Inference (:func:`run_eval`; ``YOLO_BIMAMBA_EVAL_GRAPHS=0`` turns it off; tests/gpu/test_eval_graph.py compares it with
+the eager layer): with gradients off and the layer in eval mode, a small input (at most
 ``EVAL_MAX_NUMEL`` elements: batch 1 to 8 at 640 px for a P5 layer) replays a captured forward graph: an input copy,
 the replay and an output copy instead of about 18 launches and their Python (0.9 ms of host time per layer at batch 1
 on an H100, against 0.07 ms of GPU time). Larger inputs are bound by GPU time and run eagerly, so that the graphs'
@@ -266,7 +266,7 @@ def run(layer: nn.Module, forward, x: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------------ inference
 def may_replay_eval(layer: nn.Module, x: torch.Tensor) -> bool:
     """The cheap part of the test whether :func:`run_eval` may replay: CUDA inference (eval mode, gradients off) of
-    a small input, inference replay switched on (``YOLO_BIMAMBA_EVAL_GRAPHS=1``, and not ``YOLO_BIMAMBA_CUDA_GRAPHS=0``)."""
+    a small input, inference replay not switched off (by ``YOLO_BIMAMBA_EVAL_GRAPHS=0`` or ``YOLO_BIMAMBA_CUDA_GRAPHS=0``)."""
     return (x.is_cuda and not layer.training and not torch.is_grad_enabled() and x.numel() <= EVAL_MAX_NUMEL
             and not compiling() and config.eval_graphs())
 
