@@ -59,23 +59,25 @@ def test_opcheck_block_ops_triton(dtype):
                                                           "triton"))
 
 
-def _compare(module, x, backend, tol):
+def _compare(module, x, backend, tol, mode=None):
     """Eager and torch.compile(fullgraph=True) outputs and gradients of ``module`` on ``x``; the compiled run must
-    launch Triton kernels (the custom ops' Triton backend)."""
+    launch Triton kernels (the custom ops' Triton backend). With ``mode="reduce-overhead"`` the compiled steps after
+    the first are CUDA-graph replays, which launch nothing from Python: the check is then of every step's result."""
     ref = module(x)
     g = torch.randn_like(ref)
     params = [x] + [p for p in module.parameters() if p.requires_grad]
     g_ref = torch.autograd.grad(ref, params, g)
     torch._dynamo.reset()
-    compiled = torch.compile(module, backend=backend, fullgraph=True)
-    compiled(x)  # compiles (and autotunes where needed)
+    compiled = torch.compile(module, backend=backend, fullgraph=True, mode=mode)
     before = launch.counts["direct"] + launch.counts["triton"]
-    out = compiled(x)
-    got = torch.autograd.grad(out, params, g)
-    assert launch.counts["direct"] + launch.counts["triton"] > before, "no Triton kernel ran in the compiled step"
-    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
-    for a, b in zip(got, g_ref):
-        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    for step in range(3 if mode == "reduce-overhead" else 2):  # the first compiles (and autotunes where needed)
+        torch.compiler.cudagraph_mark_step_begin()
+        out = compiled(x)
+        got = torch.autograd.grad(out, params, g)
+        torch.testing.assert_close(out, ref, rtol=tol, atol=tol, msg=lambda m: f"step {step}: {m}")
+        for a, b in zip(got, g_ref):
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda m: f"step {step}: {m}")
+    assert launch.counts["direct"] + launch.counts["triton"] > before, "no Triton kernel ran in the compiled steps"
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
@@ -91,6 +93,15 @@ def test_compile_bimamba_layer2d_train_matches_eager(backend, scan):
     torch.manual_seed(0)
     layer = BiMambaLayer2D(64, scan=scan).to(DEV).train()
     _compare(layer, torch.randn(4, 64, 40, 40, device=DEV, requires_grad=True), backend, 2e-4)
+
+
+def test_compile_reduce_overhead_layer_train_matches_eager():
+    """torch.compile(mode="reduce-overhead") (Ultralytics' compile=reduce-overhead): Inductor's graphs with our custom
+    ops replayed as CUDA graphs; three training steps, each's output and gradients equal eager's."""
+    torch.manual_seed(0)
+    layer = BiMambaLayer2D(64).to(DEV).train()
+    _compare(layer, torch.randn(4, 64, 20, 20, device=DEV, requires_grad=True), "inductor", 2e-4,
+             mode="reduce-overhead")
 
 
 def test_compile_under_fp16_autocast_matches_eager():
