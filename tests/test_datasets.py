@@ -149,3 +149,29 @@ def test_missing_sources_name_the_install_step(tmp_path, monkeypatch):
     monkeypatch.setenv("YOLO_BIMAMBA_FASHION_MNIST", str(tmp_path / "none"))
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
         F.build_fashion_dataset(root=tmp_path, **SMALL)
+
+
+@pytest.mark.parametrize("generator", ["digits", "fashion"])
+def test_a_test_split_adds_scenes_and_changes_nothing_else(tmp_path, generator):
+    """n_test > 0 adds images/test (other scenes from val's source pool) and a ``test:`` entry; train and val stay
+    byte for byte, and without a test split the cache key is the one it was before test splits existed."""
+    kw = dict(imgsz=64, n_train=4, n_val=3, min_size=0.25, max_size=0.45) if generator == "digits" else SMALL
+    a = D.build_dataset(generator, root=tmp_path / "a", **kw).parent
+    b = D.build_dataset(generator, root=tmp_path / "b", n_test=5, **kw).parent
+    assert a.name != b.name
+    for split in ("images/train", "labels/train", "images/val", "labels/val"):
+        assert _digest(a / split) == _digest(b / split), split
+    assert not (a / "images" / "test").exists() and "test:" not in (a / "data.yaml").read_text()
+    assert "test: images/test" in (b / "data.yaml").read_text().splitlines()
+    test_imgs = sorted((b / "images" / "test").iterdir())
+    assert len(test_imgs) == 5 and len(list((b / "labels" / "test").iterdir())) == 5
+    val_bytes = {f.read_bytes() for f in (b / "images" / "val").iterdir()}
+    assert not any(f.read_bytes() in val_bytes for f in test_imgs)
+    from ultralytics.data.utils import check_det_dataset
+
+    assert Path(check_det_dataset(str(b / "data.yaml"))["test"]) == b / "images" / "test"
+    # the default parameters' cache folders, as named before there were test splits
+    assert D._key(D._params()) == "digits-8de8f5c52ebe"
+    assert F._key(F._params(), F.VERSION) == "fashion-1e6eda5aa53c"
+    with pytest.raises(ValueError, match="n_test >= 0"):
+        D.build_dataset(generator, root=tmp_path / "c", n_test=-1, **kw)

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from . import config
-from .data import _key, build_cached, cache_root, data_yaml_text, merged_params, write_labels
+from .data import SPLIT_STREAM, _key, build_cached, cache_root, check_split_sizes, data_yaml_text, merged_params, \
+    splits, write_labels
 
 __all__ = ["DEFAULTS", "NAMES", "build_fashion_dataset", "load_fashion_mnist", "source_dir", "write_sources"]
 
@@ -43,6 +44,7 @@ DEFAULTS = {
     "imgsz": 320,  # square scene size in pixels
     "n_train": 1200,
     "n_val": 300,
+    "n_test": 0,  # test scenes: drawn afresh from val's photos (none of train's); 0: no test split
     "min_objects": 2,
     "max_objects": 8,
     "min_size": 0.08,  # object box side as a fraction of imgsz (log-uniform between the two)
@@ -56,7 +58,7 @@ DEFAULTS = {
     "pool_val": 5000,  # val scenes from the first pool_val of the 10,000 test photos
     "seed": 0,
 }
-_INT_KEYS = ("imgsz", "n_train", "n_val", "min_objects", "max_objects", "distractors", "occluders", "quality",
+_INT_KEYS = ("imgsz", "n_train", "n_val", "n_test", "min_objects", "max_objects", "distractors", "occluders", "quality",
              "pool_train", "pool_val", "seed")
 SOURCE_NPZ = "fashion-mnist-pools-{pool_train}-{pool_val}.npz"
 
@@ -129,8 +131,7 @@ def _params(**overrides) -> dict:
         p[k] = float(p[k])
     if p["imgsz"] < 64:
         raise ValueError(f"imgsz must be >= 64, got {p['imgsz']}")
-    if p["n_train"] < 1 or p["n_val"] < 1:
-        raise ValueError("n_train and n_val must be >= 1")
+    check_split_sizes(p)
     if not 1 <= p["min_objects"] <= p["max_objects"]:
         raise ValueError("need 1 <= min_objects <= max_objects")
     if not 0 < p["min_size"] <= p["max_size"] <= 0.9:
@@ -280,7 +281,7 @@ def _write_scenes(root: Path, split: str, idx: range, p: dict, photos, labels):
     scenes can be written by any process and the result does not depend on how the work was divided."""
     from PIL import Image
 
-    s, off = p["imgsz"], {"train": 0, "val": 1}[split]
+    s, off = p["imgsz"], SPLIT_STREAM[split]
     for i in idx:
         img, boxes = _scene(np.random.default_rng([p["seed"], off, i]), p, photos, labels)
         stem = f"{split}_{i:05d}"
@@ -323,8 +324,8 @@ def build_fashion_dataset(root: str | Path | None = None, force: bool = False, w
     workers = min(8, os.cpu_count() or 1) if workers is None else int(workers)
 
     def write(tmp: Path):
-        for split, n in (("train", p["n_train"]), ("val", p["n_val"])):
-            _write_split(tmp, split, n, p, *sources[split], workers)
+        for split, n in splits(p):
+            _write_split(tmp, split, n, p, *sources["train" if split == "train" else "val"], workers)
         (tmp / "data.yaml").write_text(data_yaml_text(out, p, NAMES, "yolo_bimamba.fashion_scenes from Fashion-MNIST"))
 
     return build_cached(out, write, force)
