@@ -14,7 +14,8 @@ Debian package and ``run`` builds the same scenes from it (``YOLO_BIMAMBA_CACHE`
 ``run`` trains every (model, dataset, seed) not yet in ``OUT/quality.json`` (or in ``--merge FILE``, a JSON of an
 earlier call) with the same recipe, ``--parallel`` runs at once on one GPU, each a subprocess with ``--workers``
 data-loader workers; it validates each run's last.pt (the EMA weights of the last epoch: no checkpoint is picked on
-the val split) for mAP50 and mAP50-95. ``--budget-s`` stops launching runs that would not finish in time (their
+the val split) for mAP50 and mAP50-95, on the val split and, where the dataset has one, on its test split (choose
+designs on val, report test). ``--budget-s`` stops launching runs that would not finish in time (their
 expected length: the median of finished runs on that dataset) and stops any still running at the budget, so a grid
 can be split over several calls: reruns add or replace entries. Then, per model and GPU, once: params, GFLOPs at
 640 (:mod:`yolo_bimamba.flops`), inference latency (eager, fp16, Conv+BN fused, 640 px, batch 1 and 32,
@@ -180,7 +181,8 @@ def _size_mb(path: Path) -> float:
 
 # ---------------------------------------------------------------------------------------------- training worker
 def train_worker(spec: dict) -> dict:
-    """One run in this process: train, then validate last.pt on the val split. Returns the result entry."""
+    """One run in this process: train, then validate last.pt on the val split (and on the test split where the
+    dataset has one). Returns the result entry."""
     import yolo_bimamba  # noqa: F401  (registers blocks, YAML names, offline fixes)
     from ultralytics import YOLO
 
@@ -197,13 +199,19 @@ def train_worker(spec: dict) -> dict:
     train_s = time.time() - t0
     save_dir = Path(model.trainer.save_dir)
     last = save_dir / "weights" / "last.pt"
-    m = YOLO(str(last)).val(data=DATASETS[spec["dataset"]], split="val", imgsz=r["imgsz"], batch=r["batch"],
-                            device=spec["device"], workers=spec["workers"], plots=False, verbose=False,
-                            project=spec["runs_dir"], name=name + "_val", exist_ok=True)
+    def validate(split: str):
+        return YOLO(str(last)).val(data=DATASETS[spec["dataset"]], split=split, imgsz=r["imgsz"], batch=r["batch"],
+                                   device=spec["device"], workers=spec["workers"], plots=False, verbose=False,
+                                   project=spec["runs_dir"], name=f"{name}_{split}", exist_ok=True).box
+
+    m = validate("val")
     n_train = sum(1 for _ in (Path(model.trainer.data["train"])).glob("*"))
-    out = dict(mAP50=float(m.box.map50), mAP50_95=float(m.box.map), train_s=round(train_s, 1),
+    out = dict(mAP50=float(m.map50), mAP50_95=float(m.map), train_s=round(train_s, 1),
                train_images_per_s=round(n_train * r["epochs"] / train_s, 1), n_train=n_train,
                params=sum(p.numel() for p in model.model.parameters()))
+    if model.trainer.data.get("test"):  # a held-out split: the figure to report once designs were chosen on val
+        t = validate("test")
+        out.update(test_mAP50=float(t.map50), test_mAP50_95=float(t.map))
     if spec["mode"] == "pretrain":
         out["checkpoint"] = str(last)
     return out

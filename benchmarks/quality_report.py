@@ -25,7 +25,7 @@ def aggregate(doc: dict) -> dict:
     for k, g in groups.items():
         runs = sorted(g["ok"], key=lambda r: r["seed"])
         a = {"n": len(runs), "seeds": [r["seed"] for r in runs], "failed": g["failed"]}
-        for m in ("mAP50", "mAP50_95", "train_images_per_s"):
+        for m in ("mAP50", "mAP50_95", "test_mAP50_95", "train_images_per_s"):
             v = [r[m] for r in runs if m in r]
             a[m] = statistics.fmean(v) if v else math.nan
             a[m + "_std"] = statistics.stdev(v) if len(v) > 1 else (0.0 if v else math.nan)
@@ -43,11 +43,13 @@ def stock_of(model: str) -> str | None:
     return None
 
 
-def paired_deltas(doc: dict) -> list[dict]:
-    """Per (dataset, our model): mAP50-95 minus its stock model's, paired by seed (runs of both that succeeded with
-    the same seed and recipe), in points: the per-seed differences, their mean and std. Seed noise common to both
-    (the data order, the augmentation draws) cancels in a paired difference."""
-    runs = [r for r in doc.get("runs", {}).values() if r.get("status") == "ok" and r.get("mode") == "scratch"]
+def paired_deltas(doc: dict, metric: str = "mAP50_95") -> list[dict]:
+    """Per (dataset, our model): ``metric`` (val mAP50-95, or ``test_mAP50_95``) minus its stock model's, paired by
+    seed (runs of both that succeeded with the same seed and recipe and have the metric), in points: the per-seed
+    differences, their mean and std. Seed noise common to both (the data order, the augmentation draws) cancels in a
+    paired difference."""
+    runs = [r for r in doc.get("runs", {}).values()
+            if r.get("status") == "ok" and r.get("mode") == "scratch" and metric in r]
     by = {(r["key"].split("|")[1], r["dataset"], r["seed"], repr(r.get("recipe"))): r for r in runs}
     rows = {}
     for (model, ds, seed, rec), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
@@ -57,7 +59,7 @@ def paired_deltas(doc: dict) -> list[dict]:
             row = rows.setdefault((ds, model), {"dataset": ds, "model": model, "stock": stock, "seeds": [],
                                                 "deltas": []})
             row["seeds"].append(seed)
-            row["deltas"].append(100.0 * (r["mAP50_95"] - base["mAP50_95"]))
+            row["deltas"].append(100.0 * (r[metric] - base[metric]))
     out = []
     for row in rows.values():
         d = row["deltas"]
@@ -102,7 +104,8 @@ def table(doc: dict) -> str:
         lines.append(f"GPU {c.get('gpu')}, torch {c.get('torch')}, triton {c.get('triton', '-')}, Ultralytics "
                      f"{c.get('ultralytics')}, commit {c.get('commit')}; {len(calls)} call(s). Recipe of the latest: "
                      f"{c['grid'].get('epochs')} epochs, imgsz {c['grid'].get('imgsz')}, batch {c['grid'].get('batch')}, "
-                     "AdamW lr0 0.003, from scratch, last.pt (EMA) validated on the val split.")
+                     "AdamW lr0 0.003, from scratch, last.pt (EMA) validated on the val split (and the test split "
+                     "where the dataset has one: designs are chosen on val, reported on test).")
         lines.append("")
     lat_px = calls[-1].get("grid", {}).get("latency_imgsz", 640) if calls else 640
     lines += [f"Speed on {gpu or '-'}: latency eager fp16 (fp32 on a CPU), Conv+BN fused, {lat_px} px, CUDA-synchronised "
@@ -113,23 +116,29 @@ def table(doc: dict) -> str:
                                                                        if not math.isnan(agg[k]["mAP50_95"]) else 0))
         if not keys:
             continue
+        test = any(not math.isnan(agg[k]["test_mAP50_95"]) for k in keys)
         lines += [f"### {mode}", "",
-                  "| dataset | model | seeds | mAP50 | mAP50-95 | params (M) | GFLOPs | lat b1 ms | lat b32 ms | "
-                  "step img/s |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| dataset | model | seeds | mAP50 | mAP50-95 | " + ("test mAP50-95 | " if test else "") +
+                  "params (M) | GFLOPs | lat b1 ms | lat b32 ms | step img/s |",
+                  "|---|---|---:|---:|---:|" + ("---:|" if test else "") + "---:|---:|---:|---:|---:|"]
         for k in keys:
             a = agg[k]
             s = speed.get(k[1].split("<-")[0], {})
             fail = f" ({a['failed']} failed)" if a["failed"] else ""
+            t = f"{_f(a['test_mAP50_95'])} ± {_f(a['test_mAP50_95_std'])} | " if test else ""
             lines.append(
                 f"| {k[2]} | {k[1]} | {a['n']}{fail} | {_f(a['mAP50'])} ± {_f(a['mAP50_std'])} | "
-                f"{_f(a['mAP50_95'])} ± {_f(a['mAP50_95_std'])} | {_f(s.get('params', math.nan) / 1e6, '{:.2f}')} | "
+                f"{_f(a['mAP50_95'])} ± {_f(a['mAP50_95_std'])} | {t}{_f(s.get('params', math.nan) / 1e6, '{:.2f}')} | "
                 f"{_f(s.get('gflops'), '{:.2f}')} | {_f(s.get('latency_b1_ms'), '{:.2f}')} | "
                 f"{_f(s.get('latency_b32_ms'), '{:.2f}')} | {_f(s.get('train_step_images_per_s'), '{:.0f}')} |")
         lines.append("")
-    deltas = paired_deltas(doc)
-    if deltas:
-        lines += ["### against the stock model, paired by seed", "",
-                  "mAP50-95 of each BiMamba2 model minus its stock model's trained with the same seed, in points.", "",
+    for metric, split in (("mAP50_95", "val"), ("test_mAP50_95", "test")):
+        deltas = paired_deltas(doc, metric)
+        if not deltas:
+            continue
+        lines += [f"### against the stock model, paired by seed ({split} split)", "",
+                  f"mAP50-95 on the {split} split of each BiMamba2 model minus its stock model's trained with the same "
+                  "seed, in points.", "",
                   "| dataset | model | stock | seeds | per seed | mean ± std | higher in |",
                   "|---|---|---|---:|---|---:|---:|"]
         for d in deltas:

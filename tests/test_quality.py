@@ -176,6 +176,7 @@ def test_quality_end_to_end_cpu(tmp_path):
     for r in runs.values():
         assert r["status"] == "ok", r
         assert 0.0 <= r["mAP50_95"] <= r["mAP50"] <= 1.0 and r["train_s"] > 0 and r["n_train"] == 48
+        assert 0.0 <= r["test_mAP50_95"] <= r["test_mAP50"] <= 1.0  # digits-tiny has a test split
         assert r["recipe"]["epochs"] == 1 and r["recipe"]["imgsz"] == 64 and r["recipe"]["optimizer"] == "AdamW"
     speed = {s["model"]: s for s in doc["speed"].values()}
     assert sorted(speed) == ["yolov8n", "yolov8n-bimamba-p5"]
@@ -188,7 +189,8 @@ def test_quality_end_to_end_cpu(tmp_path):
     md = (tmp_path / "out" / "quality.md").read_text()
     for m in ("yolov8n", "yolov8n-bimamba-p5"):
         assert f"| digits-tiny | {m} | 2 |" in md
-    assert "mAP50-95" in md and "GFLOPs" in md
+    assert "mAP50-95" in md and "GFLOPs" in md and "| test mAP50-95 |" in md
+    assert "paired by seed (val split)" in md and "paired by seed (test split)" in md
     from PIL import Image
 
     with Image.open(tmp_path / "out" / "quality.png") as im:
@@ -251,6 +253,15 @@ def test_report_pairs_each_model_with_its_stock_model_by_seed():
     assert d["model"] == "yolov8n-bimamba-sppf" and d["stock"] == "yolov8n" and d["seeds"] == [0, 1]
     assert d["deltas"] == pytest.approx([2.0, -1.0]) and d["mean"] == pytest.approx(0.5) and d["wins"] == 1
     assert "| digits | yolov8n-bimamba-sppf | yolov8n | 2 | +2.0, -1.0 | +0.5 ± 2.1 | 1 of 2 |" in table(doc)
+    assert paired_deltas(doc, "test_mAP50_95") == [] and "test split" not in table(doc)
+    # test-split figures, where runs have them, are paired the same way and reported in their own section
+    for r, t in zip(runs, (0.40, 0.50, 0.30, 0.43, 0.49)):
+        r["test_mAP50_95"] = t
+    (d,) = paired_deltas(doc, "test_mAP50_95")
+    assert d["deltas"] == pytest.approx([3.0, -1.0]) and d["wins"] == 1
+    md = table(doc)
+    assert "| digits | yolov8n-bimamba-sppf | yolov8n | 2 | +3.0, -1.0 | +1.0 ± 2.8 | 1 of 2 |" in md
+    assert "paired by seed (test split)" in md and "| test mAP50-95 |" in md and "0.400 ± 0.100" in md
 
 
 def test_speed_only_in_a_new_runs_dir(tmp_path):
