@@ -347,6 +347,7 @@ def test_every_state_config_and_segments(si, split):
             check_case(args, kw, si % len(FWD_CONFIGS), si % len(BWD_CONFIGS))
 
 
+@pytest.mark.slow  # minutes under the interpreter; .ci/run runs the slow tier
 def test_segment_length_does_not_change_the_result():
     """One segment, segments of 1 and 2 chunks: the same function (the states at the boundaries come from the state
     kernel, the rest from the segment kernels). Each against the float64 reference (dA and d dt_bias measured
@@ -422,6 +423,7 @@ def _spy_bwd_launches(monkeypatch):
     return launched
 
 
+@pytest.mark.slow  # minutes under the interpreter; .ci/run runs the slow tier
 @pytest.mark.parametrize("bi", range(len(BWD_CONFIGS)))
 def test_ordered_group_rows_every_bwd_config(monkeypatch, bi):
     """Every backward config, ngroups = 1 and 2 with 4 heads (turns 0..3 and 0..1 per group), both directions (two
@@ -469,7 +471,7 @@ def test_ordered_group_rows_rule(monkeypatch):
     assert run() == [(True, False)] * 2
 
 
-@pytest.mark.slow  # autotunes the ordered rows over every config (each config: fast tier); .ci/run runs it
+@pytest.mark.slow  # autotunes the ordered rows over every config (each config alone: the test above); .ci/run runs it
 def test_ordered_group_rows_buffers_and_autotuning(monkeypatch):
     """With the ordered rows no per-head (b, L, h, n) buffer is allocated, and the result equals the per-head
     rows' to fp32 rounding (same configs). Under the autotuners (timed on the CPU) too: each timed config restores

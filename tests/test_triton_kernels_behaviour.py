@@ -153,6 +153,7 @@ def test_fp16_partial_sums_do_not_overflow():
     assert all(torch.isfinite(g).all() for g in grads)
 
 
+@pytest.mark.slow  # minutes under the interpreter; .ci/run runs the slow tier
 @pytest.mark.parametrize("sep", [False, True])
 def test_autotuned_launch_matches_reference(sep):
     """The default path on a GPU autotunes: every config is timed on the live arguments before the chosen one runs.
@@ -224,6 +225,7 @@ def test_second_backward_launch_runs_the_first_launchs_config(monkeypatch):
     assert launched == [64, 64, ("pairs", 64)], launched
 
 
+@pytest.mark.slow  # minutes under the interpreter; .ci/run runs the slow tier
 def test_tuned_config_is_reused_without_the_autotuner():
     """After the autotuners chose, later calls with the same arguments launch the chosen config directly (the
     Autotuner's host cost skipped), with the same results bit for bit; other dtypes or flags go back to the tuners."""
@@ -312,6 +314,7 @@ def _stress_inputs(case, b=1, l=1200, h=8, p=16, n=16, seed=6):
     return [x, dt, A, B, C], kw, rnd(b, l, h, p)
 
 
+@pytest.mark.slow  # minutes under the interpreter; .ci/run runs the slow tier
 @pytest.mark.parametrize("case", ["softplus-input-10", "A-zero-and-huge"])
 def test_fast_decays_log_decay_gradients(case):
     """dA and d(dt_bias) are sums of cancelling terms; at fast decays they used to lose accuracy in fp32. Before the
