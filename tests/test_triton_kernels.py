@@ -136,6 +136,7 @@ _BWD_PAIRS_AHEAD_MODES = [(dict(direction="both", g=2, h=6), 32),
                           (dict(direction="backward", g=1, h=3), 32), (dict(direction="both", g=2, h=2), 64)]
 
 
+@pytest.mark.slow  # every load-ahead combination bit for bit (the rule's own choice: fast tier); .ci/run runs the slow tier
 @pytest.mark.parametrize("mode", range(len(_BWD_PAIRS_AHEAD_MODES)))
 def test_bwd_pairs_ahead(mode):
     """The backward's in-chunk pairs kernel with each head's inputs loaded one head ahead (AHEAD bit 1) and the rows it
@@ -169,6 +170,7 @@ _FWD_AHEAD_MODES = [dict(direction="both", g=2, h=4), dict(direction="both", shi
                     dict(direction="forward", d_shape="h"), dict(direction="backward", shift=True)]
 
 
+@pytest.mark.slow  # every load-ahead combination bit for bit (the rule's own choice: fast tier); .ci/run runs the slow tier
 @pytest.mark.parametrize("mode", range(len(_FWD_AHEAD_MODES)))
 def test_fwd_ahead(mode):
     """The forward kernel with its loads moved ahead (fwd_ahead_bits: its chunk inputs one chunk ahead, its
@@ -224,6 +226,7 @@ _BWD_AHEAD_MODES = [(dict(direction="both", g=2, h=4), dict(split=False)),
                     (dict(direction="backward", shift=True), dict())]
 
 
+@pytest.mark.slow  # every load-ahead combination bit for bit (the rule's own choice: fast tier); .ci/run runs the slow tier
 @pytest.mark.parametrize("mode", range(len(_BWD_AHEAD_MODES)))
 def test_bwd_ahead(mode):
     """The backward segment kernel with each subset of a chunk's B and C (bit 1), dz (bit 2) and x (bit 4) loaded one
