@@ -29,6 +29,7 @@ FAMILIES = {
     "yolo11-bimamba.yaml": ("yolo11.yaml", {10: "C2PSABiMamba", 22: "C3k2BiMamba"}),
     "yolo26-bimamba.yaml": ("yolo26.yaml", {10: "C2PSABiMamba", 22: "C3k2BiMamba"}),
     "yolov8-bimamba-sppf.yaml": ("yolov8.yaml", {9: "SPPFBiMamba", 21: "C2fPlusBiMamba"}),
+    "yolov8-bimamba-sppf-p4.yaml": ("yolov8.yaml", {9: "SPPFBiMamba", 18: "C2fPlusBiMamba", 21: "C2fPlusBiMamba"}),
 }
 EXTENSIONS = [  # block, stock, stock args, input channels
     (SPPFBiMamba, SPPF, (32, 32, 5), 32),
