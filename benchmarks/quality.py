@@ -31,12 +31,12 @@ puts in .whl/), carrying ``.whl`` and ``.quality-data/sources``, from the reposi
     export PYTHONPATH=$PWD:/tmp/site:$PYTHONPATH YOLO_CONFIG_DIR=/tmp/ybm-config
     python3 benchmarks/quality.py run --out $OUT --budget-s 520 [--merge EARLIER/quality.json]
 
-Default grid: the 6 baselines + 7 of ours (yolov8n-bimamba-p5, yolov8n-bimamba, yolo11n-, yolo26n-bimamba,
-yolov8n-bimamba-sppf, study p45 and p5-rowcol) x digits
+Default grid: the 6 baselines + 8 of ours (yolov8n-bimamba-p5, yolov8n-bimamba, yolo11n-, yolo26n-bimamba,
+yolov8n-bimamba-sppf, yolov8n-bimamba-sppf-p4 = bimamba.yaml, study p45 and p5-rowcol) x digits
 (256 px) and fashion (320 px) x seeds 0, 1, 2; 30 epochs, batch 32, fp16 AMP, RAM cache; 6 runs at once with 2
 loader workers each. Measured time (H100, 42 runs of 7 n models, 8 at a time with 1 loader worker each, the GPU
 suite beside them for the first 275 s): 951 s in all; a digits run 46-225 s, a fashion run 112-359 s (the n models
-with BiMamba2 layers 1.5-2.5x the stock ones: their host time). The 78 runs of the default grid so take about four
+with BiMamba2 layers 1.5-2.5x the stock ones: their host time). The 84 runs of the default grid so take about four
 calls of --budget-s 520 (runs are seed-major, so the first call covers seed 0 of every model on both datasets); the
 speed entries then take about 15 s per model (108 s for 7 models).
 """
@@ -61,7 +61,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 BASELINES = ["yolov8n.yaml", "yolov8s.yaml", "yolo11n.yaml", "yolo11s.yaml", "yolo26n.yaml", "yolo12n.yaml"]
 OURS = ["yolov8n-bimamba-p5.yaml", "yolov8n-bimamba.yaml", "yolo11n-bimamba.yaml", "yolo26n-bimamba.yaml",
-        "yolov8n-bimamba-sppf.yaml", "study/yolov8n-bimamba-p45.yaml", "study/yolov8n-bimamba-p5-rowcol.yaml"]
+        "yolov8n-bimamba-sppf.yaml", "yolov8n-bimamba-sppf-p4.yaml", "study/yolov8n-bimamba-p45.yaml", "study/yolov8n-bimamba-p5-rowcol.yaml"]
 DATASETS = {"digits": "digits.yaml", "fashion": "fashion.yaml", "digits-tiny": "digits-tiny.yaml",
             "fashion-tiny": "fashion-tiny.yaml"}
 # The recipe every model trains with (from scratch; few epochs): AdamW at a fixed lr, short warm-up, no mosaic.
@@ -71,7 +71,7 @@ GRID_DEFAULTS = dict(mode="scratch", models=BASELINES + OURS, datasets=["digits"
                      epochs=30, imgsz={"digits": 256, "fashion": 320}, batch=32, parallel=6, workers=2, device="0",
                      budget_s=0.0, amp=True, cache="ram", pretrain_data="fashion", pretrain_epochs=20,
                      finetune_pairs=["yolo11n.yaml:yolo11n-bimamba.yaml", "yolo26n.yaml:yolo26n-bimamba.yaml",
-                                     "yolov8n.yaml:yolov8n-bimamba-sppf.yaml"], speed=True, latency_imgsz=640,
+                                     "yolov8n.yaml:yolov8n-bimamba-sppf-p4.yaml"], speed=True, latency_imgsz=640,
                      run_timeout_s=3600.0)
 
 

@@ -153,7 +153,7 @@ def test_bad_rows_raise():
 
 def test_bimamba_alias_matches():
     a = yaml.safe_load((REPO / "cfg" / "bimamba.yaml").read_text())
-    b = yaml.safe_load((REPO / "cfg" / "yolov8-bimamba-sppf.yaml").read_text())
+    b = yaml.safe_load((REPO / "cfg" / "yolov8-bimamba-sppf-p4.yaml").read_text())
     assert {k: a[k] for k in ("nc", "scales", "backbone", "head")} == {k: b[k] for k in ("nc", "scales", "backbone", "head")}
 
 
@@ -169,7 +169,8 @@ def test_yaml_names_resolve_from_any_directory(tmp_path, monkeypatch):
     for name, scale in (("yolov8n-bimamba.yaml", "n"), ("yolov8s-bimamba.yaml", "s"), ("yolov8m-bimamba.yaml", "m")):
         d = yaml_model_load(name)
         assert d["scale"] == scale and d["backbone"][6][2] == "C2fBiMamba"
-    assert yaml_model_load("bimamba.yaml")["backbone"][9][2] == "SPPFBiMamba"
+    d = yaml_model_load("bimamba.yaml")
+    assert d["backbone"][9][2] == "SPPFBiMamba" and [d["head"][i][2] for i in (8, 11)] == ["C2fPlusBiMamba"] * 2
 
     data = check_det_dataset("digits-tiny.yaml")
     assert data["nc"] == 10 and list(data["names"].values()) == [str(i) for i in range(10)]
