@@ -61,7 +61,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 BASELINES = ["yolov8n.yaml", "yolov8s.yaml", "yolo11n.yaml", "yolo11s.yaml", "yolo26n.yaml", "yolo12n.yaml"]
 OURS = ["yolov8n-bimamba-p5.yaml", "yolov8n-bimamba.yaml", "yolo11n-bimamba.yaml", "yolo26n-bimamba.yaml",
-        "yolov8n-bimamba-sppf.yaml", "yolov8n-bimamba-sppf-p4.yaml", "study/yolov8n-bimamba-p45.yaml", "study/yolov8n-bimamba-p5-rowcol.yaml"]
+        "yolov8n-bimamba-sppf.yaml", "yolov8n-bimamba-sppf-p4.yaml", "study/yolov8n-bimamba-p45.yaml",
+        "study/yolov8n-bimamba-p5-rowcol.yaml"]
 DATASETS = {"digits": "digits.yaml", "fashion": "fashion.yaml", "digits-tiny": "digits-tiny.yaml",
             "fashion-tiny": "fashion-tiny.yaml"}
 # The recipe every model trains with (from scratch; few epochs): AdamW at a fixed lr, short warm-up, no mosaic.
