@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,13 @@ def test_model_gflops_counts_each_mixer_once():
 
 # ------------------------------------------------------------------------------------------------------ YAMLs
 STUDY = sorted((REPO / "cfg" / "study").glob("*.yaml"))
+#: study variants that extend a stock model and must start as it: file name part -> the stock YAML
+STUDY_STOCK = {"yolov8-bimamba-sppf-": "yolov8n.yaml", "yolo11-bimamba-": "yolo11n.yaml"}
+
+
+def study_name(path) -> str:
+    """The name quality.py runs a study file by: cfg/study/yolo11-x.yaml -> study/yolo11n-x.yaml (scale n)."""
+    return "study/" + re.sub(r"^(yolov8|yolo11|yolo26)-", r"\1n-", path.name)
 
 
 @pytest.mark.parametrize("path", [p for p in STUDY if "NEEDS" not in p.read_text()], ids=lambda p: p.stem)
@@ -99,23 +107,30 @@ def test_study_yaml_builds_and_runs(path):
 
     text = path.read_text()
     assert text.startswith("# Design study - "), "each study YAML says what it tests in its header"
-    name = "study/" + path.name.replace("yolov8-", "yolov8n-")
-    m = DetectionModel(model_path(name), nc=10, verbose=False).eval()
+    m = DetectionModel(model_path(study_name(path)), nc=10, verbose=False).eval()
     assert any(isinstance(mod, BiMambaLayer2D) for mod in m.modules())
     with torch.no_grad():
         y = m(torch.rand(1, 3, 64, 64))[0]
     assert torch.isfinite(y).all()
 
 
-@pytest.mark.parametrize("path", [p for p in STUDY if "-sppf-" in p.name], ids=lambda p: p.stem)
-def test_sppf_variants_keep_yolov8n_and_start_as_it(path):
-    """The variants of bimamba.yaml's design keep yolov8n's layers (names, shapes) and start as yolov8n."""
+STOCK_STUDY = [(p, stock) for p in STUDY for part, stock in STUDY_STOCK.items() if p.name.startswith(part)]
+
+
+def test_stock_study_variants_are_found():
+    assert {stock for _, stock in STOCK_STUDY} == set(STUDY_STOCK.values())
+
+
+@pytest.mark.parametrize("path,stock", STOCK_STUDY, ids=lambda v: getattr(v, "stem", v))
+def test_extending_variants_keep_the_stock_model_and_start_as_it(path, stock):
+    """The variants of bimamba.yaml's and yolo11-bimamba.yaml's designs keep their stock model's layers (names,
+    shapes) and start as it."""
     from quality import model_path
     from ultralytics.nn.tasks import DetectionModel
 
     torch.manual_seed(0)
-    ref = DetectionModel("yolov8n.yaml", nc=10, verbose=False).eval()
-    m = DetectionModel(model_path("study/" + path.name.replace("yolov8-", "yolov8n-")), nc=10, verbose=False).eval()
+    ref = DetectionModel(stock, nc=10, verbose=False).eval()
+    m = DetectionModel(model_path(study_name(path)), nc=10, verbose=False).eval()
     sd, sd_ref = m.state_dict(), ref.state_dict()
     assert {k: v.shape for k, v in sd.items() if k in sd_ref} == {k: v.shape for k, v in sd_ref.items()}
     assert all(".mix." in k for k in set(sd) - set(sd_ref))
