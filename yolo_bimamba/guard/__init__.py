@@ -67,7 +67,7 @@ steps then have non-finite gradients and the run stops after ``nan_guard_max_ski
 Ultralytics' NaN recovery (reload last.pt when the epoch's last loss is NaN) is bypassed when the guard handles that
 batch and the EMA, weights and optimizer state are finite (it would only throw away an epoch).
 
-Fault injection for tests (see tests/test_guard.py): a one-shot ``Tensor.register_hook`` on a parameter, registered
+Fault injection for tests (see tests/guard_harness.py): a one-shot ``Tensor.register_hook`` on a parameter, registered
 at ``on_train_batch_start``, poisons the gradient autograd accumulates into ``param.grad`` before ``optimizer_step``
 runs; a one-shot forward hook (``prepend=True``) poisons a module's output.
 
