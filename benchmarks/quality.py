@@ -22,7 +22,9 @@ can be split over several calls: reruns add or replace entries. Then, per model 
 CUDA-synchronised medians) and the training step's images/s (640 px, batch 32, fp16 AMP). It writes
 ``OUT/quality.json``, ``OUT/quality.md`` (table) and ``OUT/quality.png`` (mAP50-95 against latency, Pareto front).
 Grid options come from ``--grid FILE`` (YAML with the same keys as the flags) and the flags (flags win);
-``--speed-only`` measures only the speed entries.
+``--speed-only`` measures only the speed entries. A model named ``NAME.yaml@VARIANT`` trains with a variant of the SSM
+parameters' recipe (``RECIPE_VARIANTS``; ``@ssm-decay``: under weight decay, as Ultralytics groups weights), keyed
+``NAME@VARIANT`` and paired in the report with NAME trained by the package's default recipe.
 
 On an offline GPU machine (torch, triton, timm there; Ultralytics from the wheels that ../shared/tools/gpu-wheels.sh
 puts in .whl/), carrying ``.whl`` and ``.quality-data/sources``, from the repository root::
@@ -68,6 +70,11 @@ DATASETS = {"digits": "digits.yaml", "fashion": "fashion.yaml", "digits-tiny": "
 # The recipe every model trains with (from scratch; few epochs): AdamW at a fixed lr, short warm-up, no mosaic.
 RECIPE = dict(optimizer="AdamW", lr0=0.003, warmup_epochs=1.0, close_mosaic=0, mosaic=0.0, scale=0.3)
 DATASET_RECIPE = {"digits": dict(fliplr=0.0), "digits-tiny": dict(fliplr=0.0)}  # mirrored digits are other symbols
+#: Variants of how our SSM parameters train, for the design study: a model named ``NAME.yaml@VARIANT`` trains with
+#: these environment variables (yolo_bimamba.config) set for its runs only; its key and table rows say
+#: ``NAME@VARIANT``, and the report pairs it with ``NAME`` (the package's default recipe) by seed.
+#: ``ssm-decay``: A_log, D, dt_bias, norm weights and layer scales under weight decay, as Ultralytics groups weights.
+RECIPE_VARIANTS = {"ssm-decay": {"YOLO_BIMAMBA_SSM_NO_DECAY": "0"}}
 GRID_DEFAULTS = dict(mode="scratch", models=BASELINES + OURS, datasets=["digits", "fashion"], seeds=[0, 1, 2],
                      epochs=30, imgsz={"digits": 256, "fashion": 320}, batch=32, parallel=6, workers=2, device="0",
                      budget_s=0.0, amp=True, cache="ram", pretrain_data="fashion", pretrain_epochs=20,
@@ -107,13 +114,27 @@ def _hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:10]
 
 
+def split_variant(cfg: str) -> tuple[str, str | None]:
+    """``NAME.yaml@VARIANT`` -> (``NAME.yaml``, ``VARIANT``): the model and the recipe variant it trains with (None:
+    the package's defaults). An unknown variant is an error naming the known ones."""
+    base, sep, variant = cfg.partition("@")
+    if sep and variant not in RECIPE_VARIANTS:
+        raise ValueError(f"model {cfg!r}: unknown recipe variant {variant!r} (known: {', '.join(RECIPE_VARIANTS)})")
+    return base, (variant if sep else None)
+
+
 def model_name(cfg: str) -> str:
-    return Path(cfg).name.removesuffix(".yaml").removesuffix(".pt")
+    """The model's name in run keys and tables: the file's stem, with its recipe variant (``bimamba@ssm-decay``)."""
+    base, variant = split_variant(cfg)
+    name = Path(base).name.removesuffix(".yaml").removesuffix(".pt")
+    return f"{name}@{variant}" if variant else name
 
 
 def model_path(cfg: str) -> str:
     """A model YAML: a name relative to cfg/ (study/yolov8n-x.yaml: the file cfg/study/yolov8-x.yaml at scale n, as
-    Ultralytics resolves scale letters), else a bare name (ours or Ultralytics' own) or a path as given."""
+    Ultralytics resolves scale letters), else a bare name (ours or Ultralytics' own) or a path as given; a recipe
+    variant (``@...``) is not part of the path."""
+    cfg = split_variant(cfg)[0]
     return str(ROOT / "cfg" / cfg) if "/" in cfg and not Path(cfg).is_absolute() and not Path(cfg).exists() else cfg
 
 
@@ -276,11 +297,16 @@ def _device_name(dev) -> str:
 
 
 # -------------------------------------------------------------------------------------------------- scheduler
+def run_env(spec: dict) -> dict:
+    """The environment of one run's subprocess: ours (:func:`_env`) and its model's recipe variant, if any."""
+    return {**_env(Path(spec["data_dir"])), **RECIPE_VARIANTS.get(split_variant(spec["model"])[1], {})}
+
+
 def _launch(spec: dict, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, str(Path(__file__).resolve()), "_worker", json.dumps(spec)]
     log.parent.mkdir(parents=True, exist_ok=True)
     f = log.open("w")
-    p = subprocess.Popen(cmd, cwd=spec["runs_dir"], env=_env(Path(spec["data_dir"])), stdout=f,
+    p = subprocess.Popen(cmd, cwd=spec["runs_dir"], env=run_env(spec), stdout=f,
                          stderr=subprocess.STDOUT, start_new_session=True)
     p._log, p._logf, p._t0 = log, f, time.time()
     return p
@@ -380,7 +406,8 @@ def run_grid(g: dict, out: Path, data_dir: Path, runs_dir: Path, doc: dict, dead
 
 
 def run_speed(g: dict, out: Path, data_dir: Path, runs_dir: Path, doc: dict, deadline: float, rerun: bool):
-    models = sorted({j["model"] for j in jobs(g) if j["mode"] != "pretrain"})
+    # a recipe variant is the same network: its speed is its model's
+    models = sorted({split_variant(j["model"])[0] for j in jobs(g) if j["mode"] != "pretrain"})
     dev_key = _gpu_name()
     for m in models:
         key = f"{model_name(m)}|{dev_key}"

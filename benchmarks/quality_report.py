@@ -34,9 +34,12 @@ def aggregate(doc: dict) -> dict:
 
 
 def stock_of(model: str) -> str | None:
-    """The stock model a BiMamba2 / Hydra variant extends: the name before "-bimamba" / "-hydra" ("yolo11n-bimamba"
-    -> "yolo11n", "yolov8n-bimamba-sppf" -> "yolov8n", "study/yolov8n-bimamba-p45" -> "yolov8n"); None for a stock
-    model."""
+    """The model a run is paired with: for a BiMamba2 / Hydra variant the stock model it extends, the name before
+    "-bimamba" / "-hydra" ("yolo11n-bimamba" -> "yolo11n", "yolov8n-bimamba-sppf" -> "yolov8n",
+    "study/yolov8n-bimamba-p45" -> "yolov8n"); for a recipe variant the same model with the default recipe
+    ("yolov8n-bimamba-sppf-p4@ssm-decay" -> "yolov8n-bimamba-sppf-p4"); None for a stock model."""
+    if "@" in model:
+        return model.rsplit("/", 1)[-1].split("@")[0]
     for tag in ("-bimamba", "-hydra"):
         if tag in model:
             return model.rsplit("/", 1)[-1].split(tag)[0]
@@ -123,7 +126,7 @@ def table(doc: dict) -> str:
                   "|---|---|---:|---:|---:|" + ("---:|" if test else "") + "---:|---:|---:|---:|---:|"]
         for k in keys:
             a = agg[k]
-            s = speed.get(k[1].split("<-")[0], {})
+            s = speed.get(k[1].split("<-")[0].split("@")[0], {})
             fail = f" ({a['failed']} failed)" if a["failed"] else ""
             t = f"{_f(a['test_mAP50_95'])} ± {_f(a['test_mAP50_95_std'])} | " if test else ""
             lines.append(
@@ -168,7 +171,7 @@ def plot(doc: dict, path: Path) -> Path:
     for ax, ds in zip(axes[0], datasets):
         pts = []
         for (mode, model, d), a in agg.items():
-            lat = speed.get(model.split("<-")[0], {}).get("latency_b1_ms")
+            lat = speed.get(model.split("<-")[0].split("@")[0], {}).get("latency_b1_ms")
             if d == ds and mode == "scratch" and lat is not None and not math.isnan(a["mAP50_95"]):
                 pts.append((lat, a["mAP50_95"], model, a["mAP50_95_std"]))
         front = set(pareto([(x, y, n) for x, y, n, _ in pts]))

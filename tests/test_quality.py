@@ -165,6 +165,34 @@ def test_grid_yaml_and_flags(tmp_path):
         quality._grid(quality.parser().parse_args(["run", "--grid", str(bad)]))
 
 
+def test_recipe_variants_name_their_runs_and_set_their_environment(tmp_path, monkeypatch):
+    """A model named NAME.yaml@VARIANT trains NAME.yaml with the variant's environment (here: the SSM parameters
+    under weight decay, which yolo_bimamba.recipe then reads as off), under its own key, paired with NAME."""
+    import quality
+    from quality_report import stock_of
+
+    from yolo_bimamba import recipe as R
+
+    variant = "study/yolov8n-bimamba-p45.yaml@ssm-decay"
+    g = quality._grid(quality.parser().parse_args(["run", "--models", "yolov8n.yaml", variant, "--datasets", "digits",
+                                                   "--seeds", "0"]))
+    keys = [j["key"] for j in quality.jobs(g)]
+    assert keys == ["scratch|yolov8n|digits|0", "scratch|yolov8n-bimamba-p45@ssm-decay|digits|0"]
+    assert quality.model_path(variant) == str(REPO / "cfg" / "study" / "yolov8n-bimamba-p45.yaml")
+    assert stock_of("yolov8n-bimamba-p45@ssm-decay") == "yolov8n-bimamba-p45"
+    with pytest.raises(ValueError, match=r"unknown recipe variant 'lr2'.*ssm-decay"):
+        quality.jobs({**g, "models": ["bimamba.yaml@lr2"]})
+    env = quality.run_env({"model": "bimamba.yaml@ssm-decay", "data_dir": str(tmp_path)})
+    assert env["YOLO_BIMAMBA_CACHE"] == str(tmp_path)
+    assert "YOLO_BIMAMBA_SSM_NO_DECAY" not in quality.run_env({"model": "bimamba.yaml", "data_dir": str(tmp_path)})
+    monkeypatch.delenv("YOLO_BIMAMBA_SSM_NO_DECAY", raising=False)
+    assert R.enabled()
+    for k, v in quality.RECIPE_VARIANTS["ssm-decay"].items():
+        assert env[k] == v
+        monkeypatch.setenv(k, v)
+    assert not R.enabled()
+
+
 # ---------------------------------------------------------------------------------------------- end to end
 def _quality(*args, timeout=900):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
