@@ -93,6 +93,12 @@ def _speed_by_model(doc: dict) -> tuple[dict, str]:
     return out, gpu or (entries[0]["gpu"] if entries else "")
 
 
+def _network(model: str) -> str:
+    """The network a row's model name trains, whose speed entry it shares: the name without its fine-tuning source
+    ("x<-yolov8n") and its recipe variant ("x@ssm-decay")."""
+    return model.split("<-")[0].split("@")[0]
+
+
 def _f(v, fmt="{:.3f}"):
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 
@@ -126,7 +132,7 @@ def table(doc: dict) -> str:
                   "|---|---|---:|---:|---:|" + ("---:|" if test else "") + "---:|---:|---:|---:|---:|"]
         for k in keys:
             a = agg[k]
-            s = speed.get(k[1].split("<-")[0].split("@")[0], {})
+            s = speed.get(_network(k[1]), {})
             fail = f" ({a['failed']} failed)" if a["failed"] else ""
             t = f"{_f(a['test_mAP50_95'])} ± {_f(a['test_mAP50_95_std'])} | " if test else ""
             lines.append(
@@ -171,7 +177,7 @@ def plot(doc: dict, path: Path) -> Path:
     for ax, ds in zip(axes[0], datasets):
         pts = []
         for (mode, model, d), a in agg.items():
-            lat = speed.get(model.split("<-")[0].split("@")[0], {}).get("latency_b1_ms")
+            lat = speed.get(_network(model), {}).get("latency_b1_ms")
             if d == ds and mode == "scratch" and lat is not None and not math.isnan(a["mAP50_95"]):
                 pts.append((lat, a["mAP50_95"], model, a["mAP50_95_std"]))
         front = set(pareto([(x, y, n) for x, y, n, _ in pts]))

@@ -185,6 +185,17 @@ def test_recipe_variants_name_their_runs_and_set_their_environment(tmp_path, mon
     env = quality.run_env({"model": "bimamba.yaml@ssm-decay", "data_dir": str(tmp_path)})
     assert env["YOLO_BIMAMBA_CACHE"] == str(tmp_path)
     assert "YOLO_BIMAMBA_SSM_NO_DECAY" not in quality.run_env({"model": "bimamba.yaml", "data_dir": str(tmp_path)})
+    # the report: the variant's row shows its network's speed entry and its pair is the default-recipe model
+    from quality_report import paired_deltas, table
+
+    runs = {f"scratch|{m}|digits|0": {"key": f"scratch|{m}|digits|0", "mode": "scratch", "dataset": "digits",
+                                      "seed": 0, "status": "ok", "mAP50": v, "mAP50_95": v, "recipe": {"epochs": 1}}
+            for m, v in (("x-bimamba", 0.50), ("x-bimamba@ssm-decay", 0.47))}
+    doc = {"runs": runs, "speed": {"x-bimamba|gpu": {"model": "x-bimamba", "gpu": "gpu", "status": "ok",
+                                                      "latency_b1_ms": 4.25, "params": 3e6}}}
+    (d,) = paired_deltas(doc)
+    assert d["model"] == "x-bimamba@ssm-decay" and d["stock"] == "x-bimamba" and d["deltas"] == pytest.approx([-3.0])
+    assert "| digits | x-bimamba@ssm-decay | 1 | 0.470 ± 0.000 | 0.470 ± 0.000 | 3.00 | - | 4.25 |" in table(doc)
     monkeypatch.delenv("YOLO_BIMAMBA_SSM_NO_DECAY", raising=False)
     assert R.enabled()
     for k, v in quality.RECIPE_VARIANTS["ssm-decay"].items():
