@@ -67,3 +67,15 @@ def test_inference_replay_is_on_by_default_and_each_switch_turns_it_off(monkeypa
     monkeypatch.setenv("YOLO_BIMAMBA_EVAL_GRAPHS", "1")
     monkeypatch.setenv("YOLO_BIMAMBA_CUDA_GRAPHS", "0")
     assert not cfg.eval_graphs() and not cfg.cuda_graphs()
+
+
+def test_inference_replay_limit_is_read_at_each_call_and_checked(monkeypatch):
+    monkeypatch.delenv("YOLO_BIMAMBA_EVAL_GRAPH_MAX_NUMEL", raising=False)
+    cfg = _load_config({})
+    assert cfg.eval_graph_max_numel() == 1 << 20
+    monkeypatch.setenv("YOLO_BIMAMBA_EVAL_GRAPH_MAX_NUMEL", " 16777216 ")
+    assert cfg.eval_graph_max_numel() == 1 << 24
+    for bad in ("-1", "2^20", "1e6", ""):
+        monkeypatch.setenv("YOLO_BIMAMBA_EVAL_GRAPH_MAX_NUMEL", bad)
+        with pytest.raises(ValueError, match="YOLO_BIMAMBA_EVAL_GRAPH_MAX_NUMEL must be a whole number"):
+            cfg.eval_graph_max_numel()

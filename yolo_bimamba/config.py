@@ -49,7 +49,10 @@ VARIABLES = (
              "0: no CUDA-graph replay of the layers in CUDA training (nor in inference)"),
     Variable("YOLO_BIMAMBA_EVAL_GRAPHS", "1", "each call",
              "0: no replay of the layers' captured forward graphs in CUDA inference (by default each layer replays "
-             "one for inputs of at most 2^20 elements)"),
+             "one for inputs of at most YOLO_BIMAMBA_EVAL_GRAPH_MAX_NUMEL elements)"),
+    Variable("YOLO_BIMAMBA_EVAL_GRAPH_MAX_NUMEL", "1048576", "each call",
+             "the largest input (elements) a layer replays as a graph in CUDA inference; larger inputs run eagerly. "
+             "Each graph keeps its forward's memory, which grows with the input"),
     Variable("YOLO_BIMAMBA_FUSED_CONV", "1", "each call",
              "0: the blocks' depthwise conv1d + SiLU as PyTorch ops instead of Triton kernels on CUDA"),
     Variable("YOLO_BIMAMBA_FUSED_NORM", "1", "each call",
@@ -107,6 +110,17 @@ def cuda_graphs() -> bool:
 
 def eval_graphs() -> bool:
     return _get("YOLO_BIMAMBA_EVAL_GRAPHS") != "0" and cuda_graphs()
+
+
+def eval_graph_max_numel() -> int:
+    raw = _get("YOLO_BIMAMBA_EVAL_GRAPH_MAX_NUMEL").strip()
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"YOLO_BIMAMBA_EVAL_GRAPH_MAX_NUMEL must be a whole number of elements >= 0, got {raw!r}")
+    return value
 
 
 def fused_conv() -> bool:

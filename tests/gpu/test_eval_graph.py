@@ -104,8 +104,8 @@ def test_at_most_max_shapes_kept_least_recent_dropped(monkeypatch):
 
 
 def test_eager_where_a_replay_is_not_safe_or_not_worth_it(monkeypatch):
-    """Gradients on, training mode, a hook, an input above EVAL_MAX_NUMEL, inference replay off, all replay off: no
-    inference graph, and the output is the eager one."""
+    """Gradients on, training mode, a hook, an input above YOLO_BIMAMBA_EVAL_GRAPH_MAX_NUMEL, inference replay off,
+    all replay off: no inference graph, and the output is the eager one."""
     torch.manual_seed(0)
     layer = BiMambaLayer2D(32).cuda().eval()
     x = torch.randn(1, 32, 6, 6, device="cuda")
@@ -119,11 +119,10 @@ def test_eager_where_a_replay_is_not_safe_or_not_worth_it(monkeypatch):
     with torch.inference_mode():
         layer(x)
     h.remove()
-    limit = cuda_graph.EVAL_MAX_NUMEL
-    monkeypatch.setattr(cuda_graph, "EVAL_MAX_NUMEL", x.numel() - 1)
+    monkeypatch.setenv("YOLO_BIMAMBA_EVAL_GRAPH_MAX_NUMEL", str(x.numel() - 1))
     with torch.inference_mode():
         layer(x)
-    monkeypatch.setattr(cuda_graph, "EVAL_MAX_NUMEL", limit)
+    monkeypatch.delenv("YOLO_BIMAMBA_EVAL_GRAPH_MAX_NUMEL")
     monkeypatch.setenv("YOLO_BIMAMBA_EVAL_GRAPHS", "0")
     with torch.inference_mode():
         layer(x)
@@ -140,15 +139,17 @@ def test_eager_where_a_replay_is_not_safe_or_not_worth_it(monkeypatch):
     assert cuda_graph.eval_graphed_shapes(layer) == [(1, 32, 6, 6)]
 
 
-@pytest.mark.parametrize("yaml", ["bimamba.yaml", "yolov8n-bimamba.yaml"])
-def test_fused_half_detector_equals_eager(yaml, monkeypatch):
-    """A fused fp16 detector as ``yolo predict`` runs it, batch 1: every BiMamba layer replays, the outputs are the
-    eager ones."""
+@pytest.mark.parametrize("yaml,shape", [("bimamba.yaml", (1, 3, 320, 256)), ("yolov8n-bimamba.yaml", (1, 3, 320, 256)),
+                                        ("bimamba.yaml", (32, 3, 640, 640))], ids=["b1", "c2f-b1", "b32-640"])
+def test_fused_half_detector_equals_eager(yaml, shape, monkeypatch):
+    """A fused fp16 detector as ``yolo predict`` runs it, at batch 1, and at batch 32 and 640 px with the replay's
+    limit raised to cover it: every BiMamba layer replays, the outputs are the eager ones."""
     from ultralytics import YOLO
 
     torch.manual_seed(0)
+    monkeypatch.setenv("YOLO_BIMAMBA_EVAL_GRAPH_MAX_NUMEL", str(1 << 24))
     model = YOLO(yaml).model.fuse().eval().cuda().half()
-    x = torch.rand(1, 3, 320, 256, device="cuda", dtype=torch.float16)
+    x = torch.rand(*shape, device="cuda", dtype=torch.float16)
     with torch.inference_mode():
         model(x)
         got = model(x)[0]  # the second call captures

@@ -24,8 +24,9 @@ The eager layer is used instead whenever a replay could differ from it or could 
 ``YOLO_BIMAMBA_CUDA_GRAPHS=0`` turns replay off everywhere.
 
 Inference (:func:`run_eval`; ``YOLO_BIMAMBA_EVAL_GRAPHS=0`` turns it off; tests/gpu/test_eval_graph.py compares it with
-the eager layer): with gradients off and the layer in eval mode, a small input (at most
-``EVAL_MAX_NUMEL`` elements: batch 1 to 8 at 640 px for a P5 layer) replays a captured forward graph: an input copy,
+the eager layer): with gradients off and the layer in eval mode, an input of at most
+``YOLO_BIMAMBA_EVAL_GRAPH_MAX_NUMEL`` elements (``config.eval_graph_max_numel``; 2^20 by default: batch 1 to 8 at
+640 px for a P5 layer) replays a captured forward graph: an input copy,
 the replay and an output copy instead of about 18 launches and their Python (0.9 ms of host time per layer at batch 1
 on an H100, against 0.07 ms of GPU time). Larger inputs are bound by GPU time and run eagerly, so that the graphs'
 memory stays small. The same exclusions hold (hooks, traced or compiled graphs, another capture, replay off), and a
@@ -47,11 +48,9 @@ from .. import config
 from ..ops.backend_choice import compiling, graph_tracing
 
 __all__ = ["run", "may_replay", "run_eval", "may_replay_eval", "enabled", "graphed_shapes", "eval_graphed_shapes",
-           "summary", "capture", "end_stuck_capture", "hooked", "MAX_SHAPES", "EVAL_MAX_NUMEL",
-           "EVAL_MAX_SEEN"]
+           "summary", "capture", "end_stuck_capture", "hooked", "MAX_SHAPES", "EVAL_MAX_SEEN"]
 
 MAX_SHAPES = 4  # input shapes per layer kept as graphs (training uses one or two: full batches and the last one)
-EVAL_MAX_NUMEL = 1 << 20  # inference replays inputs of at most this many elements (run_eval)
 EVAL_MAX_SEEN = 16  # inference keys seen once that a layer remembers (the least recent forgotten first)
 WARMUP = 2  # eager fwd+bwd runs before a capture: the Triton kernels compile and autotune there, not in the capture
 # Only the capturing thread's unsafe CUDA calls are refused while a layer is captured. Under torch's default ("global")
@@ -266,9 +265,10 @@ def run(layer: nn.Module, forward, x: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------------ inference
 def may_replay_eval(layer: nn.Module, x: torch.Tensor) -> bool:
     """The cheap part of the test whether :func:`run_eval` may replay: CUDA inference (eval mode, gradients off) of
-    a small input, inference replay not switched off (by ``YOLO_BIMAMBA_EVAL_GRAPHS=0`` or ``YOLO_BIMAMBA_CUDA_GRAPHS=0``)."""
-    return (x.is_cuda and not layer.training and not torch.is_grad_enabled() and x.numel() <= EVAL_MAX_NUMEL
-            and not compiling() and config.eval_graphs())
+    an input of at most ``config.eval_graph_max_numel()`` elements, inference replay not switched off (by
+    ``YOLO_BIMAMBA_EVAL_GRAPHS=0`` or ``YOLO_BIMAMBA_CUDA_GRAPHS=0``)."""
+    return (x.is_cuda and not layer.training and not torch.is_grad_enabled()
+            and x.numel() <= config.eval_graph_max_numel() and not compiling() and config.eval_graphs())
 
 
 class _EvalGraph:
