@@ -46,17 +46,26 @@ def stock_of(model: str) -> str | None:
     return None
 
 
+def _pair_of(model: str) -> str | None:
+    """The label of the run a row is paired with: :func:`stock_of` the model, and for a fine-tuning run ("ours<-src")
+    the stock model fine-tuned from the same checkpoint ("yolo11n-bimamba<-yolo11n" -> "yolo11n<-yolo11n")."""
+    net, arrow, src = model.partition("<-")
+    stock = stock_of(net)
+    return f"{stock}{arrow}{src}" if stock else None
+
+
 def paired_deltas(doc: dict, metric: str = "mAP50_95") -> list[dict]:
     """Per (dataset, our model): ``metric`` (val mAP50-95, or ``test_mAP50_95``) minus its stock model's, paired by
-    seed (runs of both that succeeded with the same seed and recipe and have the metric), in points: the per-seed
-    differences, their mean and std. Seed noise common to both (the data order, the augmentation draws) cancels in a
-    paired difference."""
+    seed (runs of both that succeeded with the same seed, mode and recipe and have the metric), in points: the
+    per-seed differences, their mean and std. Seed noise common to both (the data order, the augmentation draws)
+    cancels in a paired difference. A fine-tuned model is paired with its stock model fine-tuned from the same
+    checkpoint."""
     runs = [r for r in doc.get("runs", {}).values()
-            if r.get("status") == "ok" and r.get("mode") == "scratch" and metric in r]
-    by = {(r["key"].split("|")[1], r["dataset"], r["seed"], repr(r.get("recipe"))): r for r in runs}
+            if r.get("status") == "ok" and r.get("mode") in ("scratch", "finetune") and metric in r]
+    by = {(r["key"].split("|")[1], r["dataset"], r["seed"], r["mode"] + repr(r.get("recipe"))): r for r in runs}
     rows = {}
     for (model, ds, seed, rec), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
-        stock = stock_of(model)
+        stock = _pair_of(model)
         base = by.get((stock, ds, seed, rec)) if stock else None
         if base is not None:
             row = rows.setdefault((ds, model), {"dataset": ds, "model": model, "stock": stock, "seeds": [],
@@ -147,7 +156,7 @@ def table(doc: dict) -> str:
             continue
         lines += [f"### against the stock model, paired by seed ({split} split)", "",
                   f"mAP50-95 on the {split} split of each BiMamba2 model minus its stock model's trained with the same "
-                  "seed, in points.", "",
+                  "seed (fine-tuned: from the same checkpoint), in points.", "",
                   "| dataset | model | stock | seeds | per seed | mean ± std | higher in |",
                   "|---|---|---|---:|---|---:|---:|"]
         for d in deltas:

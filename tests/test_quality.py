@@ -318,6 +318,24 @@ def test_report_pairs_each_model_with_its_stock_model_by_seed():
     assert "paired by seed (test split)" in md and "| test mAP50-95 |" in md and "0.400 ± 0.100" in md
 
 
+def test_report_pairs_a_fine_tuned_model_with_its_stock_model_from_the_same_checkpoint():
+    from quality_report import paired_deltas, table
+
+    def run(label, mode, seed, m):
+        return {"key": f"{mode}|{label}|digits|{seed}", "mode": mode, "dataset": "digits", "seed": seed, "status": "ok",
+                "mAP50_95": m, "mAP50": m, "recipe": {"epochs": 30}}
+
+    runs = [run("yolo11n<-yolo11n", "finetune", 0, 0.80), run("yolo11n-bimamba<-yolo11n", "finetune", 0, 0.83),
+            run("yolo11n<-yolo11n", "finetune", 1, 0.90), run("yolo11n-bimamba<-yolo11n", "finetune", 1, 0.89),
+            run("yolo11n", "scratch", 0, 0.50),  # another mode: never the pair of a fine-tuned run
+            run("yolo11n-bimamba<-yolov8n", "finetune", 0, 0.99)]  # another checkpoint: no pair
+    doc = {"runs": {r["key"]: r for r in runs}}
+    (d,) = paired_deltas(doc)
+    assert d["model"] == "yolo11n-bimamba<-yolo11n" and d["stock"] == "yolo11n<-yolo11n" and d["seeds"] == [0, 1]
+    assert d["deltas"] == pytest.approx([3.0, -1.0]) and d["wins"] == 1
+    assert "| digits | yolo11n-bimamba<-yolo11n | yolo11n<-yolo11n | 2 | +3.0, -1.0 | +1.0 ± 2.8 | 1 of 2 |" in table(doc)
+
+
 def test_speed_only_in_a_new_runs_dir(tmp_path):
     """--speed-only builds no dataset and makes its own log folder (it once failed in a runs dir not made yet)."""
     import quality
