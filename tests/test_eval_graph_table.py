@@ -11,6 +11,10 @@ from torch import nn
 from yolo_bimamba.nn import cuda_graph
 
 
+class FakeStream:
+    cuda_stream = 0
+
+
 class FakeGraph:
     made: list = []
 
@@ -27,6 +31,7 @@ def layer(monkeypatch):
     FakeGraph.made = []
     monkeypatch.setattr(cuda_graph, "_EvalGraph", FakeGraph)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # (no CUDA here)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream)  # (a graph's key holds it)
     return nn.Linear(3, 3)
 
 
@@ -78,3 +83,17 @@ def test_a_failed_capture_leaves_the_layer_eager(layer, monkeypatch, caplog):
     monkeypatch.setattr(cuda_graph, "_EvalGraph", FakeGraph)
     assert call(layer, 1, 4) == call(layer, 1, 4) == ("eager", (1, 4))
     assert FakeGraph.made == [] and cuda_graph._eval_graphs[layer] is None
+
+
+def test_another_stream_is_another_key(layer, monkeypatch):
+    """The graphs of one stream share memory, so a graph replays only on the stream it was captured for."""
+    call(layer, 1, 2)
+    call(layer, 1, 2)
+
+    class OtherStream:
+        cuda_stream = 1
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: OtherStream)
+    assert call(layer, 1, 2) == ("eager", (1, 2))  # seen once on this stream
+    assert call(layer, 1, 2) == ("replay", (1, 2))
+    assert FakeGraph.made == [(1, 2), (1, 2)]

@@ -156,3 +156,52 @@ def test_fused_half_detector_equals_eager(yaml, shape, monkeypatch):
     want = eager(model, x, monkeypatch)[0]
     assert all(cuda_graph.eval_graphed_shapes(m) for m in layers(model))
     assert rel(got, want) <= TOL[torch.float16], rel(got, want)
+
+
+def _graphs_of(layer):
+    return [g for g in cuda_graph._eval_graphs.get(layer, {}).values() if isinstance(g, cuda_graph._EvalGraph)]
+
+
+def test_graphs_sharing_one_pool_replay_in_any_order(monkeypatch):
+    """The inference graphs of one stream share one memory pool: replayed in any order, on new inputs, each output is
+    the eager one (a later replay overwrites the earlier graph's memory, not the output it returned). Another stream
+    gets its own graphs in another pool; after every graph of a pool is gone, a new capture works."""
+    import gc
+
+    torch.manual_seed(0)
+    a, b = BiMambaLayer2D(32).cuda().eval(), BiMambaLayer2D(48, layer_scale=1.0).cuda().eval()
+    shapes = {a: [(2, 32, 9, 7), (1, 32, 16, 12)], b: [(2, 48, 5, 11)]}
+    with torch.inference_mode():
+        for layer, ss in shapes.items():
+            for s in ss:
+                x = torch.randn(*s, device="cuda")
+                layer(x), layer(x)  # captured the second time, in this order: a's two graphs, then b's
+    graphs = _graphs_of(a) + _graphs_of(b)
+    assert len(graphs) == 3 and len({g.graph.pool() for g in graphs}) == 1
+    order = [(b, 0), (a, 1), (a, 0), (b, 0), (a, 1)]
+    xs = [torch.randn(*shapes[layer][i], device="cuda") for layer, i in order]
+    with torch.inference_mode():
+        got = [layer(x) for (layer, _), x in zip(order, xs)]
+    assert len(_graphs_of(a) + _graphs_of(b)) == 3  # every call replayed one of the three graphs
+    for (layer, _), x, y in zip(order, xs, got):
+        want = eager(layer, x, monkeypatch)
+        assert torch.isfinite(y).all() and rel(y, want) <= TOL[torch.float32], rel(y, want)
+
+    x = torch.randn(*shapes[b][0], device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.inference_mode():
+        b(x), b(x)
+        y = b(x)
+    torch.cuda.current_stream().wait_stream(side)
+    assert len(_graphs_of(b)) == 2 and _graphs_of(b)[1].graph.pool() != graphs[0].graph.pool()
+    assert rel(y, eager(b, x, monkeypatch)) <= TOL[torch.float32]
+
+    del a, b, graphs
+    gc.collect()
+    c = BiMambaLayer2D(32).cuda().eval()
+    x = torch.randn(1, 32, 6, 6, device="cuda")
+    with torch.inference_mode():
+        c(x), c(x)
+        y = c(x)
+    assert len(_graphs_of(c)) == 1 and rel(y, eager(c, x, monkeypatch)) <= TOL[torch.float32]
