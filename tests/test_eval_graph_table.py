@@ -11,10 +11,6 @@ from torch import nn
 from yolo_bimamba.nn import cuda_graph
 
 
-class FakeStream:
-    cuda_stream = 0
-
-
 class FakeGraph:
     made: list = []
 
@@ -31,7 +27,6 @@ def layer(monkeypatch):
     FakeGraph.made = []
     monkeypatch.setattr(cuda_graph, "_EvalGraph", FakeGraph)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # (no CUDA here)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream)  # (a graph's key holds it)
     return nn.Linear(3, 3)
 
 
@@ -85,15 +80,28 @@ def test_a_failed_capture_leaves_the_layer_eager(layer, monkeypatch, caplog):
     assert FakeGraph.made == [] and cuda_graph._eval_graphs[layer] is None
 
 
-def test_another_stream_is_another_key(layer, monkeypatch):
-    """The graphs of one stream share memory, so a graph replays only on the stream it was captured for."""
-    call(layer, 1, 2)
-    call(layer, 1, 2)
 
-    class OtherStream:
-        cuda_stream = 1
+def test_a_replay_on_another_stream_waits_for_the_last_one(monkeypatch):
+    """The graphs of a device share memory: a replay waits for the previous one (an event) when it comes on another
+    stream than that one, and only then."""
+    class Event:
+        def record(self, stream):
+            log.append(("record", stream))
 
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: OtherStream)
-    assert call(layer, 1, 2) == ("eager", (1, 2))  # seen once on this stream
-    assert call(layer, 1, 2) == ("replay", (1, 2))
-    assert FakeGraph.made == [(1, 2), (1, 2)]
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_event(self, event):
+            log.append(("wait", self.name))
+
+    log = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: Stream("capture"))
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    pool = cuda_graph._EvalPool(torch.device("cuda", 0))
+    s1, s2 = Stream("s1"), Stream("s2")
+    for s in (s1, s1, s2, s2, s1):
+        pool.before_replay(s)
+        pool.after_replay(s)
+    assert [e for e in log if e[0] == "wait"] == [("wait", "s2"), ("wait", "s1")]
+    assert [e[1] for e in log if e[0] == "record"] == [s1, s1, s2, s2, s1]
