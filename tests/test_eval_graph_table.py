@@ -78,30 +78,3 @@ def test_a_failed_capture_leaves_the_layer_eager(layer, monkeypatch, caplog):
     monkeypatch.setattr(cuda_graph, "_EvalGraph", FakeGraph)
     assert call(layer, 1, 4) == call(layer, 1, 4) == ("eager", (1, 4))
     assert FakeGraph.made == [] and cuda_graph._eval_graphs[layer] is None
-
-
-
-def test_a_replay_on_another_stream_waits_for_the_last_one(monkeypatch):
-    """The graphs of a device share memory: a replay waits for the previous one (an event) when it comes on another
-    stream than that one, and only then."""
-    class Event:
-        def record(self, stream):
-            log.append(("record", stream))
-
-    class Stream:
-        def __init__(self, name):
-            self.name = name
-
-        def wait_event(self, event):
-            log.append(("wait", self.name))
-
-    log = []
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: Stream("capture"))
-    monkeypatch.setattr(torch.cuda, "Event", Event)
-    pool = cuda_graph._EvalPool(torch.device("cuda", 0))
-    s1, s2 = Stream("s1"), Stream("s2")
-    for s in (s1, s1, s2, s2, s1):
-        pool.before_replay(s)
-        pool.after_replay(s)
-    assert [e for e in log if e[0] == "wait"] == [("wait", "s2"), ("wait", "s1")]
-    assert [e[1] for e in log if e[0] == "record"] == [s1, s1, s2, s2, s1]

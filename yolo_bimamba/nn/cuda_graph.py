@@ -33,15 +33,6 @@ time). Larger inputs run eagerly, so that the graphs' memory stays small, though
 off), and a layer keeps at most ``MAX_SHAPES`` graphs, the least recently used dropped first. An input key is
 captured the second time it comes (the first call runs eagerly), so inputs whose shape changes on every call
 (``yolo val`` with rectangular batches, a folder of images of many aspect ratios) run eagerly and pay for no capture.
-The inference graphs of every layer on a device share one memory pool (:class:`_EvalPool`), so that their
-intermediate tensors lie in the same memory instead of each graph holding its own; they are all captured on one
-stream, since the caching allocator reuses a freed block only for the stream it was allocated on. A replay may then
-overwrite what another graph left in that memory, its static output included. That is safe because a graph reads
-nothing there that it did not write in the same replay (its input buffer is outside the pool, the parameters are
-read in place), each replay copies its output out before anything else runs on its stream, and a replay on another
-stream than the previous one waits for the previous one (an event), so graphs sharing memory never run at the same
-time. (Graphs keyed by the caller's stream instead were captured again on every side stream a caller warms up on,
-``graph_inference`` for one: more memory, not less; benchmarks/README.)
 """
 from __future__ import annotations
 
@@ -71,7 +62,6 @@ CAPTURE_MODE = "thread_local"
 _LOG = logging.getLogger("yolo_bimamba")
 _graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> {key: _Graphs}, or None (stay eager)
 _eval_graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> OrderedDict{key: _EvalGraph | _SEEN} or None
-_eval_pools: dict = {}  # device -> _EvalPool
 _NO_TABLE = object()  # (a layer without graphs yet)
 _SEEN = object()  # (an inference key seen once: captured when it comes again)
 
@@ -281,66 +271,28 @@ def may_replay_eval(layer: nn.Module, x: torch.Tensor) -> bool:
             and x.numel() <= config.eval_graph_max_numel() and not compiling() and config.eval_graphs())
 
 
-class _EvalPool:
-    """What the inference graphs of one device share (module docstring): the stream they are captured on, their
-    memory pool, and the order of their replays across the callers' streams."""
-
-    def __init__(self, dev: torch.device):
-        self.stream = torch.cuda.Stream(device=dev)
-        self.live = None  # weakref to a graph in the pool (its pool id)
-        self.done = torch.cuda.Event()  # recorded after each replay and its output copy
-        self.last = None  # the stream of the last replay
-
-    def handle(self):
-        """The pool of a live graph, else a new one (a pool is freed with its last graph: a capture never names the
-        id of a pool whose graphs are all gone)."""
-        live = self.live() if self.live is not None else None
-        return live.graph.pool() if live is not None else torch.cuda.graph_pool_handle()
-
-    def before_replay(self, stream: torch.cuda.Stream):
-        """On another stream than the last replay's: wait for that replay and its output copy."""
-        if self.last is not None and self.last != stream:
-            stream.wait_event(self.done)
-
-    def after_replay(self, stream: torch.cuda.Stream):
-        self.done.record(stream)
-        self.last = stream
-
-
-def _eval_pool(dev: torch.device) -> _EvalPool:
-    if dev not in _eval_pools:
-        _eval_pools[dev] = _EvalPool(dev)
-    return _eval_pools[dev]
-
-
 class _EvalGraph:
-    """The layer's forward captured for one input key: a static input, the graph, its static output, in the
-    device's shared pool."""
+    """The layer's forward captured for one input key: a static input, the graph, its static output."""
 
     def __init__(self, forward, x):
         dev = x.device
         self.x = x.clone()
-        self.pool = pool = _eval_pool(dev)
         amp = _caller_autocast()
-        pool.stream.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(pool.stream), torch.autocast(**amp):
+        side = torch.cuda.Stream(device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side), torch.autocast(**amp):
             for _ in range(WARMUP):  # the kernels compile and autotune here, not in the capture
                 forward(self.x)
         torch.cuda.synchronize(dev)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.autocast(**amp), capture(self.graph, pool=pool.handle(), stream=pool.stream):
+        with torch.autocast(**amp), capture(self.graph, stream=side):
             self.out = forward(self.x)
         torch.cuda.synchronize(dev)
-        pool.live = weakref.ref(self)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        stream = torch.cuda.current_stream(x.device)
-        self.pool.before_replay(stream)
         self.x.copy_(x)
         self.graph.replay()
-        out = self.out.clone()  # the caller may keep it past the next replay
-        self.pool.after_replay(stream)
-        return out
+        return self.out.clone()  # the caller may keep it past the next replay
 
 
 def run_eval(layer: nn.Module, forward, x: torch.Tensor) -> torch.Tensor:
