@@ -33,8 +33,8 @@ puts in .whl/), carrying ``.whl`` and ``.quality-data/sources``, from the reposi
     export PYTHONPATH=$PWD:/tmp/site:$PYTHONPATH YOLO_CONFIG_DIR=/tmp/ybm-config
     python3 benchmarks/quality.py run --out $OUT --budget-s 520 [--merge EARLIER/quality.json]
 
-Default grid: the 6 baselines + 8 of ours (yolov8n-bimamba-p5, yolov8n-bimamba, yolo11n-, yolo26n-bimamba,
-yolov8n-bimamba-sppf, yolov8n-bimamba-sppf-p4 = bimamba.yaml, study p45 and p5-rowcol) x digits
+Default grid: the 6 baselines + 8 of ours (yolov8n-bimamba-p5 = bimamba.yaml, yolov8n-bimamba, yolo11n-,
+yolo26n-bimamba, yolov8n-bimamba-sppf, yolov8n-bimamba-sppf-p4, study p45 and p5-rowcol) x digits
 (256 px) and fashion (320 px) x seeds 0, 1, 2; 30 epochs, batch 32, fp16 AMP, RAM cache; 6 runs at once with 2
 loader workers each. Measured time (H100, 42 runs of 7 n models, 8 at a time with 1 loader worker each, the GPU
 suite beside them for the first 275 s): 951 s in all; a digits run 46-225 s, a fashion run 112-359 s (the n models
