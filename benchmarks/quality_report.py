@@ -36,10 +36,13 @@ def aggregate(doc: dict) -> dict:
 def stock_of(model: str) -> str | None:
     """The model a run is paired with: for a BiMamba2 / Hydra variant the stock model it extends, the name before
     "-bimamba" / "-hydra" ("yolo11n-bimamba" -> "yolo11n", "yolov8n-bimamba-sppf" -> "yolov8n",
-    "study/yolov8n-bimamba-p45" -> "yolov8n"); for a recipe variant the same model with the default recipe
-    ("yolov8n-bimamba-sppf-p4@ssm-decay" -> "yolov8n-bimamba-sppf-p4"); None for a stock model."""
+    "study/yolov8n-bimamba-p45" -> "yolov8n", "bimamba" (bimamba.yaml, a YOLOv8 at scale n) -> "yolov8n"); for a
+    recipe variant the same model with the default recipe ("yolov8n-bimamba-sppf-p4@ssm-decay" ->
+    "yolov8n-bimamba-sppf-p4"); None for a stock model."""
     if "@" in model:
         return model.rsplit("/", 1)[-1].split("@")[0]
+    if model.rsplit("/", 1)[-1] == "bimamba":
+        return "yolov8n"
     for tag in ("-bimamba", "-hydra"):
         if tag in model:
             return model.rsplit("/", 1)[-1].split(tag)[0]

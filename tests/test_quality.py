@@ -292,6 +292,7 @@ def test_report_pairs_each_model_with_its_stock_model_by_seed():
     assert stock_of("yolo11n-bimamba") == "yolo11n" and stock_of("yolov8n-bimamba-sppf") == "yolov8n"
     assert stock_of("study/yolov8n-bimamba-p45") == "yolov8n" and stock_of("yolov8n") is None
     assert stock_of("yolov8n-hydra") == "yolov8n" and stock_of("yolo26n") is None
+    assert stock_of("bimamba") == "yolov8n" and stock_of("bimamba@ssm-decay") == "bimamba"  # bimamba.yaml is a YOLOv8n
     rec = {"epochs": 30}
 
     def run(model, seed, m, status="ok", recipe=rec):
