@@ -25,14 +25,14 @@ The eager layer is used instead whenever a replay could differ from it or could 
 
 Inference (:func:`run_eval`; ``YOLO_BIMAMBA_EVAL_GRAPHS=0`` turns it off; tests/gpu/test_eval_graph.py compares it with
 the eager layer): with gradients off and the layer in eval mode, an input of at most
-``YOLO_BIMAMBA_EVAL_GRAPH_MAX_NUMEL`` elements (``config.eval_graph_max_numel``; 2^20 by default: batch 1 to 8 at
-640 px for a P5 layer) replays a captured forward graph: an input copy, the replay and an output copy instead of
-about 18 launches and their Python (0.9 ms of host time per layer at batch 1 on an H100, against 0.07 ms of GPU
-time). Larger inputs run eagerly, so that the graphs' memory stays small, though host time still shows there (batch
-32 at 640 px: docs/design.md). The same exclusions hold (hooks, traced or compiled graphs, another capture, replay
-off), and a layer keeps at most ``MAX_SHAPES`` graphs, the least recently used dropped first. An input key is
-captured the second time it comes (the first call runs eagerly), so inputs whose shape changes on every call
-(``yolo val`` with rectangular batches, a folder of images of many aspect ratios) run eagerly and pay for no capture.
+``YOLO_BIMAMBA_EVAL_GRAPH_MAX_NUMEL`` elements (``config.eval_graph_max_numel``; 2^20 by default: batch 1 to 10 at 640
+px for a 256-channel P5 layer) replays a captured forward graph: an input copy, the replay and an output copy instead of
+about 18 launches and their Python (0.9 ms of host time per layer at batch 1 on an H100, against 0.07 ms of GPU time).
+Larger inputs run eagerly, so that the graphs' memory stays small, though host time still shows there (batch 32 at 640
+px: docs/design.md). The same exclusions hold (hooks, traced or compiled graphs, another capture, replay off), and a
+layer keeps at most ``MAX_SHAPES`` graphs, the least recently used dropped first. An input key is captured the second
+time it comes (the first call runs eagerly), so inputs whose shape changes on every call (``yolo val`` with rectangular
+batches, a folder of images of many aspect ratios) run eagerly and pay for no capture.
 """
 from __future__ import annotations
 
